@@ -1,0 +1,199 @@
+"""gtrain's Python API. The CLI is a thin layer over these functions.
+
+    import gtrain
+    res = gtrain.up("spec.yaml")
+    job = gtrain.launch(cluster="demo")
+    final = gtrain.wait("demo", on_line=print)
+    gtrain.pull("demo", to="ckpts")
+    report = gtrain.down("demo")
+
+Every function takes an optional :class:`~gtrain.events.Reporter` for progress and raises
+:mod:`gtrain.errors` exceptions; none prints.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gtrain.events import SILENT, Reporter
+
+if TYPE_CHECKING:
+    from gtrain.cluster import Context, DownResult, UpResult
+    from gtrain.cost.report import CostReport
+    from gtrain.launch.jobs import LaunchResult, LogLine
+    from gtrain.spec import ClusterSpec
+    from gtrain.state import Job
+    from gtrain.sync.pull import PullResult
+
+    from collections.abc import Callable
+
+SpecLike = "ClusterSpec | str | os.PathLike[str]"
+
+
+def _ctx(report: Reporter | None) -> Context:
+    from gtrain.cluster import Context
+
+    return Context(report=report or SILENT)
+
+
+def _spec(spec: Any, name: str | None = None) -> ClusterSpec:
+    from gtrain.spec import ClusterSpec, load_spec
+
+    if isinstance(spec, ClusterSpec):
+        return spec.model_copy(update={"name": name}) if name else spec
+    return load_spec(spec, name=name)
+
+
+def up(spec: Any, *, name: str | None = None, dry_run: bool = False, report: Reporter | None = None) -> UpResult:
+    from gtrain import cluster
+
+    ctx = _ctx(report)
+    try:
+        return cluster.up(_spec(spec, name), ctx, dry_run=dry_run)
+    finally:
+        ctx.store.close()
+
+
+def launch(spec: Any = None, *, cluster: str | None = None, name: str | None = None, force: bool = False,
+           dry_run: bool = False, report: Reporter | None = None) -> LaunchResult:
+    from gtrain.errors import ConfigError
+    from gtrain.launch import jobs
+
+    ctx = _ctx(report)
+    try:
+        if spec is None and cluster is None:
+            raise ConfigError("give a SPEC or --cluster NAME", field="SPEC")
+        parsed = _spec(spec, name or cluster) if spec is not None else None
+        cname = cluster or (parsed.name if parsed else None)
+        assert cname is not None
+        c = ctx.cluster(cname)
+        if parsed is None:
+            parsed = ctx.spec_of(c)
+        return jobs.launch(c, parsed, ctx, force=force, dry_run=dry_run)
+    finally:
+        ctx.store.close()
+
+
+def logs(cluster: str, *, job_id: str | None = None, follow: bool = False, tail: int | None = None,
+         node: int | None = None, rank: int | None = None, on_line: Callable[[LogLine], None] | None = None,
+         report: Reporter | None = None) -> Job:
+    from gtrain.launch import jobs
+
+    ctx = _ctx(report)
+    try:
+        c = ctx.cluster(cluster)
+        job = jobs.resolve_job(c, ctx, job_id)
+        return jobs.follow(c, job, ctx, on_line or (lambda _line: None), follow=follow, tail=tail,
+                           nodes=None if node is None else [node], rank=rank)
+    finally:
+        ctx.store.close()
+
+
+def wait(cluster: str, *, job_id: str | None = None, on_line: Callable[[LogLine], None] | None = None,
+         report: Reporter | None = None) -> Job:
+    """Follow a job to its end; the returned record's ``exit_code`` is the job's own."""
+    return logs(cluster, job_id=job_id, follow=True, on_line=on_line, report=report)
+
+
+def pull(cluster: str, *, job_id: str | None = None, to: str | os.PathLike[str] | None = None, node: int = 0,
+         report: Reporter | None = None) -> PullResult:
+    from gtrain.errors import ConfigError
+    from gtrain.launch import jobs
+    from gtrain.sync.pull import pull_dir
+
+    ctx = _ctx(report)
+    try:
+        c = ctx.cluster(cluster)
+        runners = ctx.runners(c)
+        if not 0 <= node < len(runners):
+            raise ConfigError(f"--node {node}: cluster {cluster} has nodes 0..{len(runners) - 1}", field="--node")
+        job = ctx.store.latest_job(c.id) if job_id is None else jobs.resolve_job(c, ctx, job_id)
+        if job is not None:
+            ckpt = str(job.info.get("checkpoint_dir") or "checkpoints")
+        else:
+            spec = ctx.spec_of(c)
+            ckpt = spec.job.checkpoint_dir if spec.job else "checkpoints"
+        dest = Path(to) if to else Path.cwd() / f"{cluster}-{Path(ckpt).name}"
+        r = runners[node]
+        ctx.report.info(f"pulling {ckpt}/ from node {node} to {dest}")
+        return pull_dir(r, f"{r.root}/workdir/{ckpt}", dest, node=node)
+    finally:
+        ctx.store.close()
+
+
+def down(cluster: str, *, report: Reporter | None = None) -> DownResult:
+    from gtrain import cluster as cl
+
+    ctx = _ctx(report)
+    try:
+        return cl.down(cluster, ctx)
+    finally:
+        ctx.store.close()
+
+
+def status(cluster: str | None = None, *, refresh: bool = True, report: Reporter | None = None) -> list[dict[str, Any]]:
+    from gtrain import cluster as cl
+
+    ctx = _ctx(report)
+    try:
+        return cl.status(ctx, cluster, refresh=refresh)
+    finally:
+        ctx.store.close()
+
+
+def cost(*, report: Reporter | None = None) -> list[CostReport]:
+    from gtrain.cost.report import history
+
+    ctx = _ctx(report)
+    try:
+        return history(ctx.store, ctx.provider)
+    finally:
+        ctx.store.close()
+
+
+@dataclass
+class RunResult:
+    cluster: str
+    job_id: str | None = None
+    exit_code: int | None = None
+    status: str | None = None
+    pulled: PullResult | None = None
+    down: DownResult | None = None
+    errors: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cluster": self.cluster, "job_id": self.job_id, "exit_code": self.exit_code, "status": self.status,
+            "pulled": self.pulled.to_dict() if self.pulled else None,
+            "down": self.down.to_dict() if self.down else None, "errors": self.errors,
+        }
+
+
+def run(spec: Any, *, name: str | None = None, keep: bool = False, to: str | os.PathLike[str] | None = None,
+        on_line: Callable[[LogLine], None] | None = None, report: Reporter | None = None) -> RunResult:
+    """up + launch + wait + pull + down. The cluster is torn down whatever happens (unless ``keep``),
+    Ctrl+C included, so nothing is left running that nobody watches."""
+    from gtrain.errors import GtrainError
+
+    parsed = _spec(spec, name)
+    res = RunResult(parsed.name)
+    rep = report or SILENT
+    created = False
+    try:
+        created = up(parsed, report=rep).created
+        launched = launch(parsed, report=rep)
+        res.job_id = launched.job_id
+        final = wait(parsed.name, job_id=launched.job_id, on_line=on_line, report=rep)
+        res.exit_code, res.status = final.exit_code, final.status
+        try:
+            res.pulled = pull(parsed.name, job_id=launched.job_id, to=to, report=rep)
+        except GtrainError as e:
+            res.errors.append(f"pull: {e.message}")
+            rep.warn(res.errors[-1])
+    finally:
+        if not keep and (created or res.job_id):
+            res.down = down(parsed.name, report=rep)
+    return res

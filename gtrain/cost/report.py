@@ -1,0 +1,79 @@
+"""Cost reports: per node interval, from the $/h stored with the cluster when it started (never today's
+catalog), through the provider's own billing rules (``Provider.price``)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gtrain.providers.base import Provider
+    from gtrain.state import Cluster, StateStore
+
+
+@dataclass
+class CostLine:
+    node_rank: int
+    instance_type: str | None
+    market: str | None
+    started_at: float
+    stopped_at: float | None
+    hours: float
+    price_per_hour: float
+    cost_usd: float
+    estimate: bool
+    note: str | None
+
+
+@dataclass
+class CostReport:
+    cluster: str
+    cluster_id: str
+    provider: str
+    status: str
+    lines: list[CostLine] = field(default_factory=list)
+
+    @property
+    def total_usd(self) -> float:
+        return round(sum(line.cost_usd for line in self.lines), 6)
+
+    @property
+    def node_hours(self) -> float:
+        return round(sum(line.hours for line in self.lines), 6)
+
+    @property
+    def estimate(self) -> bool:
+        return any(line.estimate for line in self.lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cluster": self.cluster, "cluster_id": self.cluster_id, "provider": self.provider,
+            "status": self.status, "total_usd": self.total_usd, "node_hours": self.node_hours,
+            "estimate": self.estimate, "lines": [asdict(line) for line in self.lines],
+        }
+
+
+def cluster_cost(store: StateStore, cluster: Cluster, provider: Provider, *, persist: bool = False) -> CostReport:
+    now = time.time()
+    report = CostReport(cluster.name, cluster.id, cluster.provider, cluster.status)
+    for iv in store.intervals(cluster.id):
+        if iv.cost_usd is not None and iv.stopped_at is not None:
+            cost, estimate, note = iv.cost_usd, iv.estimate, iv.note
+        else:
+            priced = provider.price(cluster, iv)
+            cost, estimate, note = priced.cost_usd, priced.estimate, priced.note
+            if persist and iv.stopped_at is not None:
+                store.set_interval_cost(iv.id, cost, estimate=estimate, note=note)
+        stop = iv.stopped_at or now
+        report.lines.append(CostLine(
+            node_rank=iv.node_rank, instance_type=iv.instance_type, market=iv.market, started_at=iv.started_at,
+            stopped_at=iv.stopped_at, hours=round(max(0.0, stop - iv.started_at) / 3600, 6),
+            price_per_hour=iv.price_per_hour, cost_usd=round(cost, 6), estimate=estimate, note=note,
+        ))
+    return report
+
+
+def history(store: StateStore, provider_for: Any) -> list[CostReport]:
+    """Every cluster ever run, oldest first. ``provider_for(name)`` returns a provider instance."""
+    return [cluster_cost(store, c, provider_for(c.provider)) for c in store.list_clusters(include_terminated=True)]

@@ -1,0 +1,103 @@
+"""gtrain's exception tree. Only ``gtrain.cli.app`` turns these into exit codes and text.
+
+    GtrainError(message, hint)             exit 1 unless a subclass says otherwise
+    ├── ConfigError(message, hint, field)  exit 2: bad spec, bad flag, bad value
+    │   └── ClusterNotFound                exit 2: no such cluster in state
+    ├── StateError                         the state database is unusable
+    ├── JobConflict                        exit 2: a job already runs on the cluster
+    ├── ProviderError                      a cloud/provider call failed (translated at the provider edge)
+    │   ├── CapacityError                  no capacity anywhere we tried (carries the attempts)
+    │   ├── QuotaError                     an account limit
+    │   └── CredentialsError               no or bad credentials
+    ├── RemoteError                        a node could not be reached / host key refused
+    ├── RemoteCommandError(host, cmd, rc, stderr_tail)
+    └── SyncError                          a transfer failed or did not verify
+
+Provider SDK exceptions (botocore, google.api_core, paramiko) never cross a provider module:
+each provider translates them in one place into this tree.
+"""
+
+from __future__ import annotations
+
+
+class GtrainError(Exception):
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def to_dict(self) -> dict[str, object]:
+        return {"error": type(self).__name__, "message": self.message, "hint": self.hint}
+
+
+class ConfigError(GtrainError):
+    """Bad input: the field path, the bad value and how to fix it. Exit code 2."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, hint: str | None = None, field: str | None = None) -> None:
+        super().__init__(message, hint)
+        self.field = field
+
+    def to_dict(self) -> dict[str, object]:
+        d = super().to_dict()
+        d["field"] = self.field
+        return d
+
+
+class ClusterNotFound(ConfigError):
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"no cluster named {name!r}",
+            hint="`gtrain status` lists clusters; `gtrain up SPEC` makes one",
+            field="cluster",
+        )
+        self.name = name
+
+
+class JobConflict(GtrainError):
+    exit_code = 2
+
+
+class StateError(GtrainError):
+    pass
+
+
+class ProviderError(GtrainError):
+    pass
+
+
+class CapacityError(ProviderError):
+    def __init__(self, message: str, attempts: list[str] | None = None, hint: str | None = None) -> None:
+        self.attempts = list(attempts or [])
+        if self.attempts:
+            message = message + "\n" + "\n".join(f"  - {a}" for a in self.attempts)
+        super().__init__(message, hint)
+
+
+class QuotaError(ProviderError):
+    pass
+
+
+class CredentialsError(ProviderError):
+    pass
+
+
+class RemoteError(GtrainError):
+    pass
+
+
+class RemoteCommandError(RemoteError):
+    def __init__(self, host: str, cmd: str, rc: int, stderr_tail: str = "") -> None:
+        short = cmd if len(cmd) <= 120 else cmd[:117] + "..."
+        msg = f"command failed on {host} (exit {rc}): {short}"
+        if stderr_tail.strip():
+            msg += "\n" + stderr_tail.rstrip()[-2000:]
+        super().__init__(msg)
+        self.host, self.cmd, self.rc, self.stderr_tail = host, cmd, rc, stderr_tail
+
+
+class SyncError(GtrainError):
+    pass

@@ -1,0 +1,109 @@
+"""The provider interface: plan, provision, describe, terminate, price, and a runner per node.
+
+A provider is an ABC, so one that misses a method fails when it is created, not halfway through ``up``.
+Providers take their state store and reporter in the constructor; cloud providers also take their SDK
+client (or endpoint) there, so tests point them at a moto server or an emulator without patching.
+SDK exceptions are translated into :mod:`gtrain.errors` in one place per provider module.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+from gtrain.events import SILENT, Reporter
+from gtrain.remote.base import Runner
+from gtrain.spec import ClusterSpec
+from gtrain.state import Cluster, CostInterval, StateStore
+
+
+@dataclass
+class Plan:
+    """What ``up`` would make. Pure data: computing it touches nothing."""
+
+    provider: str
+    num_nodes: int
+    instance_type: str | None
+    market: str  # "on-demand", "spot" or "local"
+    region: str | None = None
+    zone: str | None = None
+    gpu_name: str | None = None
+    gpus_per_node: int = 0
+    price_per_hour: float = 0.0  # per node
+    max_hours: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def cluster_price_per_hour(self) -> float:
+        return self.price_per_hour * self.num_nodes
+
+    @property
+    def estimate_usd(self) -> float | None:
+        return None if self.max_hours is None else round(self.cluster_price_per_hour * self.max_hours, 2)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["cluster_price_per_hour"] = round(self.cluster_price_per_hour, 4)
+        d["estimate_usd"] = self.estimate_usd
+        return d
+
+
+@dataclass
+class NodeStatus:
+    rank: int
+    status: str  # running, stopped, terminated, preempted, missing, unreachable, ...
+    address: str | None = None
+    detail: str = ""
+
+
+@dataclass
+class IntervalCost:
+    cost_usd: float
+    estimate: bool = False
+    note: str | None = None
+
+
+class Provider(ABC):
+    name: ClassVar[str]
+    #: the provider bills at least this many seconds per node interval (EC2 and GCE: 60)
+    billing_minimum_s: ClassVar[float] = 0.0
+
+    def __init__(self, store: StateStore, report: Reporter = SILENT) -> None:
+        self.store = store
+        self.report = report
+
+    @abstractmethod
+    def plan(self, spec: ClusterSpec) -> Plan:
+        """Resolve the spec into a plan and a price; raise ConfigError for what can't be had."""
+
+    @abstractmethod
+    def provision(self, spec: ClusterSpec, cluster: Cluster, plan: Plan) -> None:
+        """Create the nodes. Record every resource in state before making it and mark it after; record
+        each node (``store.upsert_node``). Idempotent: a re-run makes only what is missing."""
+
+    @abstractmethod
+    def describe(self, cluster: Cluster) -> list[NodeStatus]:
+        """The live status of each node, as the provider sees it now."""
+
+    @abstractmethod
+    def terminate(self, cluster: Cluster) -> None:
+        """Delete every resource of the cluster. Idempotent; finds resources by tag where it can."""
+
+    @abstractmethod
+    def runners(self, cluster: Cluster) -> list[Runner]:
+        """One runner per node, in node-rank order."""
+
+    @abstractmethod
+    def price(self, cluster: Cluster, interval: CostInterval) -> IntervalCost:
+        """What one node interval cost (the $/h stored at start, the provider's billing rules)."""
+
+    # ---- shared helpers ------------------------------------------------------------------------
+
+    def billed_cost(self, interval: CostInterval, now: float) -> float:
+        stop = interval.stopped_at or now
+        seconds = max(0.0, stop - interval.started_at)
+        if seconds > 0 and self.billing_minimum_s:
+            seconds = max(seconds, self.billing_minimum_s)
+        return math.ceil(seconds) * interval.price_per_hour / 3600.0

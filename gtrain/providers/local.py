@@ -1,0 +1,79 @@
+"""The local provider: nodes are directories under ``$GTRAIN_HOME/clusters/<name>/node-K`` on this
+machine, commands run as local subprocesses, torchrun rendezvous over 127.0.0.1 with gloo. $0/h, but
+node-hours are still recorded and reported."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from gtrain.errors import ConfigError
+from gtrain.providers.base import IntervalCost, NodeStatus, Plan, Provider
+from gtrain.remote.base import Runner
+from gtrain.remote.local import LocalRunner
+from gtrain.spec import ClusterSpec
+from gtrain.state import Cluster, CostInterval
+
+MAX_LOCAL_NODES = 16
+
+
+class LocalProvider(Provider):
+    name = "local"
+
+    def cluster_dir(self, name: str) -> Path:
+        return self.store.home / "clusters" / name
+
+    def plan(self, spec: ClusterSpec) -> Plan:
+        if spec.num_nodes > MAX_LOCAL_NODES:
+            raise ConfigError(
+                f"num_nodes: {spec.num_nodes} — the local provider runs at most {MAX_LOCAL_NODES} nodes on this machine",
+                hint="use fewer nodes, or a cloud provider", field="num_nodes",
+            )
+        if spec.resources.use_spot:
+            raise ConfigError("resources.use_spot: true — the local provider has no spot market",
+                              hint="remove use_spot, or use provider: aws / gcp", field="resources.use_spot")
+        return Plan(
+            provider="local", num_nodes=spec.num_nodes, instance_type="local", market="local",
+            region=os.uname().nodename, gpu_name=spec.resources.gpu_name, gpus_per_node=spec.resources.gpus_per_node,
+            price_per_hour=0.0, max_hours=spec.policies.max_hours,
+            notes=["nodes are directories on this machine; training runs on its CPU (gloo) or GPUs"],
+        )
+
+    def provision(self, spec: ClusterSpec, cluster: Cluster, plan: Plan) -> None:
+        base = self.cluster_dir(cluster.name)
+        for rank in range(spec.num_nodes):
+            path = base / f"node-{rank}"
+            rid = self.store.record_resource(cluster.id, "node-dir", str(path))
+            path.mkdir(parents=True, exist_ok=True, mode=0o700)
+            (path / "workdir").mkdir(exist_ok=True)
+            (path / "jobs").mkdir(exist_ok=True)
+            self.store.mark_resource(rid, "created")
+            self.store.upsert_node(cluster.id, rank, status="up", address="127.0.0.1", instance_id=str(path))
+            self.report.node(rank, f"ready at {path}")
+
+    def describe(self, cluster: Cluster) -> list[NodeStatus]:
+        out = []
+        for node in self.store.nodes(cluster.id):
+            exists = bool(node.instance_id) and os.path.isdir(node.instance_id or "")
+            out.append(NodeStatus(node.rank, "running" if exists else "missing", node.address))
+        return out
+
+    def terminate(self, cluster: Cluster) -> None:
+        for res in self.store.resources(cluster.id, live_only=True):
+            self.store.mark_resource(res.id, "deleting")
+            shutil.rmtree(res.ref, ignore_errors=True)
+            self.store.mark_resource(res.id, "deleted")
+        base = self.cluster_dir(cluster.name)
+        if base.is_dir() and not any(base.iterdir()):
+            base.rmdir()
+
+    def runners(self, cluster: Cluster) -> list[Runner]:
+        return [
+            LocalRunner(node.instance_id or self.cluster_dir(cluster.name) / f"node-{node.rank}",
+                        label=f"node {node.rank}", address=node.address or "127.0.0.1")
+            for node in self.store.nodes(cluster.id)
+        ]
+
+    def price(self, cluster: Cluster, interval: CostInterval) -> IntervalCost:
+        return IntervalCost(0.0, estimate=False, note="local: no charge")

@@ -1,0 +1,295 @@
+"""Functions that run ON a node, stdlib only (a node has python3, not gtrain).
+
+A remote runner sends this file's source on stdin (``python3 - FUNC ARGS…``) and reads one JSON document
+back; the local runner calls the same functions in-process. ``follow`` streams instead: one line per log
+line, ``TAG<TAB>TEXT``, then a final ``\\x00END<TAB>{json state}``.
+
+Job directory layout (written by the launch templates)::
+
+    JOB/launch.sh  rank.sh  setup.sh      rendered scripts (no secret values)
+    JOB/pid                               pid of launch.sh = its process group and session id
+    JOB/state.json                        {"state": pending|running|succeeded|failed|cancelled, ...}
+    JOB/cancel                            marker: a cancel was asked for
+    JOB/node.log                          launch.sh + torchrun agent output
+    JOB/logs/rank-R.log, rank-R.exit      each global rank's output and "rc time"
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import time
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+_RANK_RE = re.compile(r"^rank-(\d+)\.log$")
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    stat = _read(f"/proc/{pid}/stat")
+    if stat is not None:  # a zombie is dead for our purposes
+        state = stat.rsplit(")", 1)[-1].split()[0]
+        return state not in ("Z", "X")
+    return True
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # any non-zombie member?
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            stat = _read(f"/proc/{d}/stat")
+            if not stat:
+                continue
+            fields = stat.rsplit(")", 1)[-1].split()
+            if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+                return True
+    return False
+
+
+def free_port() -> int:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("", 0))
+    port = int(s.getsockname()[1])
+    s.close()
+    return port
+
+
+def rank_exits(job_dir: str) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    logs = os.path.join(job_dir, "logs")
+    try:
+        names = os.listdir(logs)
+    except FileNotFoundError:
+        return out
+    for n in names:
+        if n.startswith("rank-") and n.endswith(".exit"):
+            txt = (_read(os.path.join(logs, n)) or "").split()
+            if txt:
+                try:
+                    out[n[5:-5]] = [int(txt[0]), float(txt[1]) if len(txt) > 1 else 0.0]
+                except ValueError:
+                    pass
+    return out
+
+
+def job_state(job_dir: str) -> dict[str, object]:
+    """The truth about one job on this node, whatever happened to the CLI that launched it."""
+    if not os.path.isdir(job_dir):
+        return {"state": "missing", "exit_code": None, "ranks": {}}
+    raw = _read(os.path.join(job_dir, "state.json"))
+    st: dict[str, object] = {"state": "pending", "exit_code": None}
+    if raw:
+        try:
+            st = json.loads(raw)
+        except ValueError:
+            pass
+    ranks = rank_exits(job_dir)
+    st["ranks"] = ranks
+    state = st.get("state")
+    if state == "running":
+        pid = st.get("pid")
+        if not isinstance(pid, int) or not _alive(pid):
+            # launch.sh died without writing its end: killed, OOM, node rebooted
+            st["state"] = "cancelled" if os.path.exists(os.path.join(job_dir, "cancel")) else "failed"
+            st["lost"] = True
+    if st.get("state") in TERMINAL and st.get("exit_code") is None:
+        st["exit_code"] = node_exit_code(ranks, st.get("agent_rc"))
+    return st
+
+
+def node_exit_code(ranks: dict[str, list[float]], agent_rc: object) -> int:
+    failed = sorted((t, rc) for rc, t in ((int(v[0]), v[1]) for v in ranks.values()) if rc != 0)
+    if failed:
+        return int(failed[0][1])
+    if isinstance(agent_rc, int):
+        return agent_rc
+    return 1
+
+
+def cancel(job_dir: str, grace: str = "10") -> dict[str, object]:
+    """Stop a job: TERM its process group, then KILL after ``grace`` seconds. Idempotent."""
+    if not os.path.isdir(job_dir):
+        return {"state": "missing"}
+    with open(os.path.join(job_dir, "cancel"), "w") as f:
+        f.write(str(time.time()))
+    pid_txt = (_read(os.path.join(job_dir, "pid")) or "").strip()
+    if pid_txt.isdigit():
+        pgid = int(pid_txt)
+        for sig, wait in ((signal.SIGTERM, float(grace)), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.time() + wait
+            while time.time() < deadline and _group_alive(pgid):
+                time.sleep(0.05)
+            if not _group_alive(pgid):
+                break
+    st = job_state(job_dir)
+    if st.get("state") not in TERMINAL:
+        st = {"state": "cancelled", "exit_code": 130, "pid": None, "time": time.time()}
+        tmp = os.path.join(job_dir, ".state.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(st, f)
+        os.replace(tmp, os.path.join(job_dir, "state.json"))
+        st = job_state(job_dir)
+    return st
+
+
+def manifest(root: str) -> list[dict[str, object]]:
+    """Every regular file under ``root``: relative path, size, mtime and sha256."""
+    out: list[dict[str, object]] = []
+    if not os.path.isdir(root):
+        return out
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for n in sorted(filenames):
+            p = os.path.join(dirpath, n)
+            if os.path.islink(p) or not os.path.isfile(p) or ".gtrain-tmp" in n:
+                continue
+            h = hashlib.sha256()
+            size = 0
+            with open(p, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    h.update(chunk)
+                    size += len(chunk)
+            rel = os.path.relpath(p, root).replace(os.sep, "/")
+            out.append({"path": rel, "size": size, "mtime": os.stat(p).st_mtime, "sha256": h.hexdigest()})
+    return out
+
+
+def remove_tree(path: str) -> bool:
+    import shutil
+
+    if os.path.lexists(path):
+        shutil.rmtree(path, ignore_errors=True)
+        return True
+    return False
+
+
+def _tail_offset(path: str, lines: int) -> int:
+    try:
+        size = os.path.getsize(path)
+    except FileNotFoundError:
+        return 0
+    if lines <= 0:
+        return size
+    with open(path, "rb") as f:
+        block = 1 << 16
+        pos = size
+        data = b""
+        while pos > 0 and data.count(b"\n") <= lines:
+            step = min(block, pos)
+            pos -= step
+            f.seek(pos)
+            data = f.read(step) + data
+        # skip a trailing newline, then keep the last `lines` lines
+        idx = len(data)
+        body = data[:-1] if data.endswith(b"\n") else data
+        count = 0
+        for i in range(len(body) - 1, -1, -1):
+            if body[i:i + 1] == b"\n":
+                count += 1
+                if count == lines:
+                    idx = i + 1
+                    break
+        else:
+            idx = 0
+        return pos + idx
+
+
+def follow(job_dir: str, follow_flag: str = "0", tail: str = "-1", interval: str = "0.1") -> int:
+    """Print every log line of the job on this node as ``TAG\\tTEXT`` (TAG: ``-`` for the node's own
+    output, else the global rank). With ``follow_flag`` 1, keep going until the job ends."""
+    out = sys.stdout
+    do_follow = follow_flag == "1"
+    n_tail = int(tail)
+    poll = float(interval)
+    pos: dict[str, int] = {}
+    partial: dict[str, bytes] = {}
+
+    def files() -> list[tuple[str, str]]:
+        fs = [("-", os.path.join(job_dir, "node.log"))]
+        try:
+            for n in sorted(os.listdir(os.path.join(job_dir, "logs"))):
+                m = _RANK_RE.match(n)
+                if m:
+                    fs.append((m.group(1), os.path.join(job_dir, "logs", n)))
+        except FileNotFoundError:
+            pass
+        return fs
+
+    def drain(final: bool) -> None:
+        wrote = False
+        for tag, path in files():
+            if path not in pos:
+                pos[path] = _tail_offset(path, n_tail) if n_tail >= 0 else 0
+            try:
+                with open(path, "rb") as f:
+                    f.seek(pos[path])
+                    data = f.read()
+            except FileNotFoundError:
+                continue
+            if not data and not (final and partial.get(path)):
+                continue
+            pos[path] += len(data)
+            data = partial.pop(path, b"") + data
+            lines = data.split(b"\n")
+            rest = lines.pop()
+            if rest:
+                if final:
+                    lines.append(rest)
+                else:
+                    partial[path] = rest
+            for ln in lines:
+                out.write(f"{tag}\t{ln.decode('utf-8', errors='replace').rstrip(chr(13))}\n")
+                wrote = True
+        if wrote:
+            out.flush()
+
+    while True:
+        st = job_state(job_dir)
+        done = st.get("state") in TERMINAL or st.get("state") == "missing"
+        drain(final=done or not do_follow)
+        if done or not do_follow:
+            break
+        time.sleep(poll)
+    out.write("\x00END\t" + json.dumps(st) + "\n")
+    out.flush()
+    return 0
+
+
+FUNCS = {
+    "free_port": free_port, "job_state": job_state, "cancel": cancel, "manifest": manifest,
+    "remove_tree": remove_tree,
+}
+
+if __name__ == "__main__":
+    name, args = sys.argv[1], sys.argv[2:]
+    if name == "follow":
+        sys.exit(follow(*args))
+    print(json.dumps(FUNCS[name](*args)))  # type: ignore[operator]

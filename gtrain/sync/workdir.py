@@ -1,0 +1,50 @@
+"""Which files of a workdir go to the nodes: everything except ``.git/`` and what ``.gitignore`` and
+``.gtrainignore`` files (at any depth, gitignore syntax) exclude."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+IGNORE_FILES = (".gitignore", ".gtrainignore")
+ALWAYS_SKIP = {".git", ".hg", ".svn", "__pycache__", ".gtrain-partial"}
+
+
+def list_workdir(root: Path) -> list[str]:
+    import pathspec
+
+    root = root.resolve()
+    out: list[str] = []
+    # (directory relative to root, spec) for every ignore file seen on the way down
+    specs: list[tuple[str, pathspec.PathSpec]] = []
+
+    def ignored(rel: str, is_dir: bool) -> bool:
+        for base, spec in specs:
+            if base and not (rel == base or rel.startswith(base + "/")):
+                continue
+            sub = rel[len(base) + 1:] if base else rel
+            if spec.match_file(sub + ("/" if is_dir else "")):
+                return True
+        return False
+
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel_dir = os.path.relpath(dirpath, root).replace(os.sep, "/")
+        rel_dir = "" if rel_dir == "." else rel_dir
+        for name in IGNORE_FILES:
+            if name in filenames:
+                lines = (Path(dirpath) / name).read_text(encoding="utf-8", errors="replace").splitlines()
+                specs.append((rel_dir, pathspec.PathSpec.from_lines("gitwildmatch", lines)))
+        keep = []
+        for d in sorted(dirnames):
+            rel = f"{rel_dir}/{d}" if rel_dir else d
+            if d in ALWAYS_SKIP or os.path.islink(os.path.join(dirpath, d)) or ignored(rel, True):
+                continue
+            keep.append(d)
+        dirnames[:] = keep
+        for f in sorted(filenames):
+            rel = f"{rel_dir}/{f}" if rel_dir else f
+            full = os.path.join(dirpath, f)
+            if not os.path.isfile(full) or ignored(rel, False):
+                continue
+            out.append(rel)
+    return out
