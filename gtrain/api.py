@@ -23,7 +23,7 @@ from gtrain.events import SILENT, Reporter
 if TYPE_CHECKING:
     from gtrain.cluster import Context, DownResult, UpResult
     from gtrain.cost.report import CostReport
-    from gtrain.launch.jobs import LaunchResult, LogLine
+    from gtrain.jobs.lifecycle import LaunchResult, LogLine
     from gtrain.spec import ClusterSpec
     from gtrain.state import Job
     from gtrain.sync.pull import PullResult
@@ -60,7 +60,7 @@ def up(spec: Any, *, name: str | None = None, dry_run: bool = False, report: Rep
 def launch(spec: Any = None, *, cluster: str | None = None, name: str | None = None, force: bool = False,
            dry_run: bool = False, report: Reporter | None = None) -> LaunchResult:
     from gtrain.errors import ConfigError
-    from gtrain.launch import jobs
+    from gtrain.jobs import lifecycle as jobs
 
     ctx = _ctx(report)
     try:
@@ -80,7 +80,7 @@ def launch(spec: Any = None, *, cluster: str | None = None, name: str | None = N
 def logs(cluster: str, *, job_id: str | None = None, follow: bool = False, tail: int | None = None,
          node: int | None = None, rank: int | None = None, on_line: Callable[[LogLine], None] | None = None,
          report: Reporter | None = None) -> Job:
-    from gtrain.launch import jobs
+    from gtrain.jobs import lifecycle as jobs
 
     ctx = _ctx(report)
     try:
@@ -98,17 +98,17 @@ def wait(cluster: str, *, job_id: str | None = None, on_line: Callable[[LogLine]
     return logs(cluster, job_id=job_id, follow=True, on_line=on_line, report=report)
 
 
-def pull(cluster: str, *, job_id: str | None = None, to: str | os.PathLike[str] | None = None, node: int = 0,
-         report: Reporter | None = None) -> PullResult:
+def pull(cluster: str, *, job_id: str | None = None, to: str | os.PathLike[str] | None = None,
+         node: int | None = None, report: Reporter | None = None) -> PullResult:
     from gtrain.errors import ConfigError
-    from gtrain.launch import jobs
+    from gtrain.jobs import lifecycle as jobs
     from gtrain.sync.pull import pull_dir
 
     ctx = _ctx(report)
     try:
         c = ctx.cluster(cluster)
         runners = ctx.runners(c)
-        if not 0 <= node < len(runners):
+        if node is not None and not 0 <= node < len(runners):
             raise ConfigError(f"--node {node}: cluster {cluster} has nodes 0..{len(runners) - 1}", field="--node")
         job = ctx.store.latest_job(c.id) if job_id is None else jobs.resolve_job(c, ctx, job_id)
         if job is not None:
@@ -117,9 +117,9 @@ def pull(cluster: str, *, job_id: str | None = None, to: str | os.PathLike[str] 
             spec = ctx.spec_of(c)
             ckpt = spec.job.checkpoint_dir if spec.job else "checkpoints"
         dest = Path(to) if to else Path.cwd() / f"{cluster}-{Path(ckpt).name}"
-        r = runners[node]
-        ctx.report.info(f"pulling {ckpt}/ from node {node} to {dest}")
-        return pull_dir(r, f"{r.root}/workdir/{ckpt}", dest, node=node)
+        picked = range(len(runners)) if node is None else [node]
+        ctx.report.info(f"pulling {ckpt}/ from {'every node' if node is None else f'node {node}'} to {dest}")
+        return pull_dir([(i, runners[i], f"{runners[i].root}/workdir/{ckpt}") for i in picked], dest)
     finally:
         ctx.store.close()
 

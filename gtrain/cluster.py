@@ -117,7 +117,7 @@ class DownResult:
 
 
 def down(name: str, ctx: Context) -> DownResult:
-    from gtrain.launch.jobs import cancel_active_jobs
+    from gtrain.jobs.lifecycle import cancel_active_jobs
 
     cluster = ctx.store.find_cluster(name)
     if cluster is None:
@@ -145,7 +145,7 @@ def down(name: str, ctx: Context) -> DownResult:
 
 def status(ctx: Context, name: str | None = None, *, refresh: bool = True) -> list[dict[str, Any]]:
     """Clusters from state. With a name (and ``refresh``), the newest job's state is asked of the nodes."""
-    from gtrain.launch.jobs import refresh_job
+    from gtrain.jobs.lifecycle import refresh_job
 
     if name is not None:
         clusters = [ctx.cluster(name)]

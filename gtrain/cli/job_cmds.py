@@ -80,7 +80,7 @@ def pull(
     cluster: str = typer.Argument(..., help="Cluster name."),
     job: str = typer.Option(None, "--job", help="Job id (default: the newest job)."),
     to: str = typer.Option(None, "--to", help="Destination folder (default: ./<cluster>-<checkpoint_dir>)."),
-    node: int = typer.Option(0, "--node", help="Node to pull from (default 0, where rank 0 saves)."),
+    node: int = typer.Option(None, "--node", help="Only this node (default: every node's files, merged)."),
     json_: bool = JSON,
 ) -> None:
     """Bring checkpoint_dir back, every file verified by sha256; re-runs move only what changed."""

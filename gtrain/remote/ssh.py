@@ -395,6 +395,10 @@ def _transport_factory(sock: Any, **kw: Any) -> paramiko.Transport:
     opts = t.get_security_options()
     pref = [c for c in _CIPHER_PREFERENCE if c in opts.ciphers]
     opts.ciphers = tuple(pref + [c for c in opts.ciphers if c not in pref])
+    # Never start a rekey ourselves: a client-initiated rekey deadlocks paramiko's transport thread for 30 s
+    # when the server's CHANNEL_CLOSE crosses our KEXINIT (paramiko#822), i.e. on pulls past 512 MiB. The
+    # server still rekeys at its own RekeyLimit (OpenSSH: per cipher, ~64 GiB for AES), which paramiko handles.
+    t.packetizer.REKEY_BYTES = t.packetizer.REKEY_PACKETS = 1 << 62
     return t
 
 
@@ -411,7 +415,10 @@ def _open_sock(target: SSHTarget, opts: ConnectOptions, timeout: float) -> Any:
         t = bastion.get_transport()
         assert t is not None
         return t.open_channel("direct-tcpip", (target.host, target.port), ("127.0.0.1", 0), timeout=timeout)
-    return socket.create_connection((target.host, target.port), timeout=timeout)
+    sock = socket.create_connection((target.host, target.port), timeout=timeout)
+    # small requests (exec, window adjusts) must not wait for Nagle + delayed ACK (40 ms per command)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
 
 
 def _connect(target: SSHTarget, opts: ConnectOptions) -> paramiko.SSHClient:
@@ -627,6 +634,8 @@ class SSHRunner(Runner):
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             if not chan.status_event.wait(left if left is not None else 3600 * 24 * 365):
                 raise RemoteError(f"{self.label}: command timed out after {timeout}s: {cmd[:120]}")
+            if chan.exit_status == -1 and not chan.get_transport().is_active():
+                raise self._lost(EOFError("transport closed"), "a command")
             return int(chan.recv_exit_status())
         except (paramiko.SSHException, EOFError, OSError) as e:
             raise self._lost(e, "a command") from None

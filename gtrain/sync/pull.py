@@ -4,6 +4,10 @@ Unchanged files (same size and sha256 as the node's) are skipped; a file is fetc
 ``DEST/.gtrain-partial/<path>.part`` and renamed into place only once its sha256 matches, so an interrupted
 pull resumes from the bytes it already has and never leaves a partial file under a final name. A name
 from the node that would land outside DEST (``../x``, absolute) is refused.
+
+torchrun's c10d rendezvous assigns global ranks by its own order, so "rank 0 saves" may happen on any
+node: by default every node's checkpoint_dir is listed and merged (a path present on two nodes with
+different content comes from the node where it is newest).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ PARTIAL = ".gtrain-partial"
 @dataclass
 class PullResult:
     dest: str
-    node: int
+    nodes: list[int]
     files: int = 0
     transferred: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
@@ -37,7 +41,7 @@ class PullResult:
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"dest": self.dest, "node": self.node, "files": self.files, "transferred": self.transferred,
+        return {"dest": self.dest, "nodes": self.nodes, "files": self.files, "transferred": self.transferred,
                 "skipped": self.skipped, "resumed": self.resumed, "bytes": self.bytes,
                 "seconds": round(self.seconds, 3)}
 
@@ -57,15 +61,23 @@ def safe_rel(name: str) -> str:
     return norm
 
 
-def pull_dir(runner: Runner, remote_dir: str, dest: Path, *, node: int = 0, workers: int = 8) -> PullResult:
+def pull_dir(sources: list[tuple[int, Runner, str]], dest: Path, *, workers: int = 8) -> PullResult:
+    """Pull from ``(node, runner, remote_dir)`` sources into ``dest``."""
     t0 = time.monotonic()
+    manifests = parallel(lambda src: src[1].call("manifest", src[2], timeout=3600), sources)
+    chosen: dict[str, tuple[dict[str, Any], Runner, str, int]] = {}
+    for (node, runner, remote_dir), entries in zip(sources, manifests, strict=True):
+        for e in entries:
+            rel = safe_rel(str(e["path"]))
+            old = chosen.get(rel)
+            if old is None or (old[0]["sha256"] != e["sha256"] and float(e["mtime"]) > float(old[0]["mtime"])):
+                chosen[rel] = (e, runner, remote_dir, node)
     dest.mkdir(parents=True, exist_ok=True)
-    entries = runner.call("manifest", remote_dir, timeout=3600)
-    res = PullResult(str(dest), node, files=len(entries))
+    res = PullResult(str(dest), sorted({c[3] for c in chosen.values()}), files=len(chosen))
     partial_root = dest / PARTIAL
 
-    def one(entry: dict[str, Any]) -> None:
-        rel = safe_rel(str(entry["path"]))
+    def one(item: tuple[str, tuple[dict[str, Any], Runner, str, int]]) -> None:
+        rel, (entry, runner, remote_dir, _node) = item
         size, want = int(entry["size"]), str(entry["sha256"])
         final = dest / rel
         if final.is_file() and final.stat().st_size == size and sha256_file(final) == want:
@@ -97,7 +109,7 @@ def pull_dir(runner: Runner, remote_dir: str, dest: Path, *, node: int = 0, work
         os.utime(final, (mtime, mtime))
         res.transferred.append(rel)
 
-    parallel(one, entries, max_workers=workers)
+    parallel(one, sorted(chosen.items()), max_workers=workers)
     _prune_empty(partial_root)
     res.transferred.sort()
     res.skipped.sort()

@@ -16,7 +16,7 @@ def list_workdir(root: Path) -> list[str]:
     root = root.resolve()
     out: list[str] = []
     # (directory relative to root, spec) for every ignore file seen on the way down
-    specs: list[tuple[str, pathspec.PathSpec]] = []
+    specs: list[tuple[str, pathspec.GitIgnoreSpec]] = []
 
     def ignored(rel: str, is_dir: bool) -> bool:
         for base, spec in specs:
@@ -33,7 +33,7 @@ def list_workdir(root: Path) -> list[str]:
         for name in IGNORE_FILES:
             if name in filenames:
                 lines = (Path(dirpath) / name).read_text(encoding="utf-8", errors="replace").splitlines()
-                specs.append((rel_dir, pathspec.PathSpec.from_lines("gitwildmatch", lines)))
+                specs.append((rel_dir, pathspec.GitIgnoreSpec.from_lines(lines)))
         keep = []
         for d in sorted(dirnames):
             rel = f"{rel_dir}/{d}" if rel_dir else d
@@ -47,4 +47,4 @@ def list_workdir(root: Path) -> list[str]:
             if not os.path.isfile(full) or ignored(rel, False):
                 continue
             out.append(rel)
-    return out
+    return sorted(out)

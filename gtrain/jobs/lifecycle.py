@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gtrain.errors import ConfigError, GtrainError, JobConflict, RemoteError
-from gtrain.launch.render import NodeContext, render_all
+from gtrain.jobs.render import NodeContext, render_all
 from gtrain.remote.fanout import parallel
 from gtrain.spec import ClusterSpec, Job
 from gtrain.state import TERMINAL_JOB, Cluster
@@ -192,11 +192,11 @@ def aggregate(states: list[dict[str, Any]]) -> tuple[str, int | None]:
     if any(n in ("unreachable",) for n in names):
         return "failed", 255
     if all(n in TERMINAL_JOB for n in names):
-        if any(n == "cancelled" for n in names):
-            return "cancelled", CANCEL_EXIT
         if all(n == "succeeded" for n in names):
             return "succeeded", 0
-        return "failed", job_exit_code(states)
+        if any(n == "failed" for n in names):  # a node failed; others may have been stopped because of it
+            return "failed", job_exit_code(states)
+        return "cancelled", CANCEL_EXIT
     if any(n == "missing" for n in names) and not any(n == "running" for n in names):
         return "failed", 1
     if any(n == "running" for n in names):
@@ -231,7 +231,8 @@ def refresh_job(cluster: Cluster, job: JobRecord, ctx: Context, *, fail_fast: bo
         # One node's job died while the others wait in a collective: stop them instead of hanging.
         bad = [i for i, n in enumerate(names) if n in ("failed", "missing")]
         ctx.report.warn(f"job {job.id} failed on node(s) {bad}; stopping it on the other nodes")
-        parallel(lambda r: r.call("cancel", job_dir(r, job.id), "5"), runners)
+        running = [r for r, n in zip(runners, names, strict=True) if n in ("running", "pending")]
+        parallel(lambda r: r.call("cancel", job_dir(r, job.id), "5"), running)
         states = parallel(lambda r: _node_state(r, job.id), runners)
         status, code = "failed", job_exit_code([s for s in states if s.get("state") == "failed"] or states)
     info = dict(job.info)

@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gtrain.errors import SyncError
+from gtrain.remote import nodeside
+from gtrain.sync.pull import safe_rel
+
+
+def test_tail_offset(tmp_path: Path) -> None:
+    p = tmp_path / "f.log"
+    p.write_text("".join(f"line{i}\n" for i in range(10)))
+    off = nodeside._tail_offset(str(p), 3)
+    assert p.read_bytes()[off:] == b"line7\nline8\nline9\n"
+    assert nodeside._tail_offset(str(p), 100) == 0
+
+
+def test_job_state_dead_launcher_is_failed(tmp_path: Path) -> None:
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "state.json").write_text(json.dumps({"state": "running", "pid": 999999999}))
+    (tmp_path / "logs" / "rank-1.exit").write_text("3 10.5\n")
+    (tmp_path / "logs" / "rank-0.exit").write_text("143 11.0\n")
+    st = nodeside.job_state(str(tmp_path))
+    assert st["state"] == "failed" and st["lost"] is True
+    assert st["exit_code"] == 3  # the first rank to fail, by time
+
+
+def test_job_state_missing_and_pending(tmp_path: Path) -> None:
+    assert nodeside.job_state(str(tmp_path / "nope"))["state"] == "missing"
+    assert nodeside.job_state(str(tmp_path))["state"] == "pending"
+
+
+def test_follow_over_stdin_like_a_remote_node(tmp_path: Path) -> None:
+    """The same file runs on a node as `python3 - follow ...` with its source on stdin."""
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "node.log").write_text("agent up\n")
+    (tmp_path / "logs" / "rank-0.log").write_text("hello\npartial")
+    (tmp_path / "logs" / "rank-1.log").write_text("world\n")
+    (tmp_path / "state.json").write_text(json.dumps({"state": "succeeded", "agent_rc": 0}))
+    src = Path(nodeside.__file__).read_bytes()
+    p = subprocess.run([sys.executable, "-", "follow", str(tmp_path), "0", "-1"], input=src,
+                       capture_output=True, timeout=30)
+    lines = p.stdout.decode().splitlines()
+    assert lines[:4] == ["-\tagent up", "0\thello", "0\tpartial", "1\tworld"]
+    assert lines[-1].startswith("\x00END\t") and json.loads(lines[-1].split("\t", 1)[1])["state"] == "succeeded"
+
+
+def test_cancel_kills_the_process_group(tmp_path: Path) -> None:
+    p = subprocess.Popen(["setsid", "bash", "-c", "sleep 60 & sleep 60; wait"])
+    for _ in range(50):
+        try:
+            if os.getpgid(p.pid) == p.pid:
+                break
+        except ProcessLookupError:
+            pass
+        time.sleep(0.02)
+    (tmp_path / "pid").write_text(str(p.pid))
+    (tmp_path / "state.json").write_text(json.dumps({"state": "running", "pid": p.pid}))
+    t0 = time.monotonic()
+    st = nodeside.cancel(str(tmp_path), "5")
+    p.wait(5)
+    assert st["state"] == "cancelled" and time.monotonic() - t0 < 5
+    assert not nodeside._group_alive(p.pid)
+
+
+@pytest.mark.parametrize("bad", ["../x", "a/../../x", "/etc/passwd", "..", "a\\b"])
+def test_pull_refuses_names_outside_destination(bad: str) -> None:
+    with pytest.raises(SyncError, match="outside the destination"):
+        safe_rel(bad)
+
+
+def test_manifest(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.pt").write_bytes(b"abc")
+    (tmp_path / ".y.gtrain-tmp").write_bytes(b"partial")
+    m = nodeside.manifest(str(tmp_path))
+    assert [e["path"] for e in m] == ["a/x.pt"]
+    assert m[0]["sha256"] == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"

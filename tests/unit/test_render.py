@@ -1,0 +1,83 @@
+"""Launch templates: golden files, and every user value reaching bash byte for byte without running."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gtrain.jobs.render import NodeContext, render_all
+
+GOLDEN = Path(__file__).parent / "golden"
+EVIL = {
+    "INJECT": '"; rm -rf ~ #',
+    "DOLLAR": "$HOME $(touch /tmp/gtrain-pwned) `id`",
+    "QUOTES": "it's \"quoted\" \\ back",
+    "SPACES": "  a  b  ",
+    "NEWLINE": "line1\nline2; echo pwned",
+}
+
+
+def ctx(**over: object) -> NodeContext:
+    base = dict(
+        job_id="demo-20260101-000000-abcd", cluster="demo", node_rank=1, num_nodes=2,
+        node_ips=["10.0.0.5", "10.0.0.6"], node_addr="10.0.0.6", master_addr="10.0.0.5", master_port=29500,
+        nproc_per_node=2, job_dir="/home/u/gtrain/demo/jobs/demo-20260101-000000-abcd",
+        workdir="/home/u/gtrain/demo/workdir", checkpoint_dir="/home/u/gtrain/demo/workdir/checkpoints",
+        python="python3", argv=["train.py", "--steps", "50", "--name", "a b;c"], env={"LR": "0.01"},
+        secret_names=["HF_TOKEN"], setup="pip install -r requirements.txt", max_restarts=0,
+    )
+    base.update(over)
+    return NodeContext(**base)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["launch.sh", "rank.sh", "setup.sh"])
+def test_golden(name: str) -> None:
+    got = render_all(ctx())[name]
+    golden = GOLDEN / name
+    if os.environ.get("GTRAIN_UPDATE_GOLDEN") == "1":
+        golden.write_text(got)
+    assert got == golden.read_text(), f"{name} changed; GTRAIN_UPDATE_GOLDEN=1 rewrites the golden files"
+
+
+def test_torchrun_flags_node0_hosts_the_store() -> None:
+    s0 = render_all(ctx(node_rank=0, node_addr="10.0.0.5"))["launch.sh"]
+    s1 = render_all(ctx())["launch.sh"]
+    for flag in ("--nnodes=2", "--nproc_per_node=2", "--rdzv_backend=c10d", "--rdzv_endpoint=10.0.0.5:29500",
+                 "--rdzv_id=demo-20260101-000000-abcd", "--max_restarts=0"):
+        assert flag in s0 and flag in s1
+    assert "is_host=1" in s0 and "is_host=0" in s1
+    assert "--local_addr=10.0.0.5" in s0 and "--local_addr=10.0.0.6" in s1
+
+
+def test_every_value_arrives_byte_for_byte_and_runs_nothing(tmp_path: Path) -> None:
+    """Run the rendered setup script's prelude for real: env values come out exactly, secrets come from
+    stdin, and no injected command runs."""
+    marker = Path("/tmp/gtrain-pwned")
+    marker.unlink(missing_ok=True)
+    work = tmp_path / "work dir; $(x)"
+    work.mkdir()
+    c = ctx(workdir=str(work), checkpoint_dir=str(work / "ck pt"), env=EVIL, secret_names=["TOKEN"],
+            setup='python3 -c "import os,json; print(json.dumps({k: os.environ.get(k) for k in '
+                  + repr(sorted([*EVIL, "TOKEN", "GTRAIN_NODE_IPS", "GTRAIN_CHECKPOINT_DIR"])) + '}))"')
+    script = render_all(c)["setup.sh"]
+    assert "s3cr3t" not in script
+    p = subprocess.run(["bash", "-c", script], input=b"TOKEN=s3cr3t value;$x\x00OTHER=nope\x00",
+                       capture_output=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    import json
+
+    got = json.loads(p.stdout.decode().strip().splitlines()[-1])
+    assert {k: got[k] for k in EVIL} == EVIL
+    assert got["TOKEN"] == "s3cr3t value;$x"
+    assert got["GTRAIN_NODE_IPS"] == "10.0.0.5,10.0.0.6"
+    assert got["GTRAIN_CHECKPOINT_DIR"] == str(work / "ck pt")
+    assert not marker.exists()
+    assert (work / "ck pt").is_dir()
+
+
+def test_secret_values_never_rendered() -> None:
+    for text in render_all(ctx(secret_names=["HF_TOKEN", "WANDB_API_KEY"])).values():
+        assert "HF_TOKEN" not in text or "HF_TOKEN|WANDB_API_KEY)" in text or "HF_TOKEN)" in text
