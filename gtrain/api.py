@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING, Any
 from gtrain.events import SILENT, Reporter
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from gtrain.cluster import Context, DownResult, UpResult
     from gtrain.cost.report import CostReport
     from gtrain.jobs.lifecycle import LaunchResult, LogLine
     from gtrain.spec import ClusterSpec
     from gtrain.state import Job
     from gtrain.sync.pull import PullResult
-
-    from collections.abc import Callable
 
 SpecLike = "ClusterSpec | str | os.PathLike[str]"
 

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gtrain.cost.report import CostReport, cluster_cost
 from gtrain.errors import ClusterNotFound, GtrainError
 from gtrain.events import SILENT, Reporter
 from gtrain.providers import get_provider
-from gtrain.providers.base import Plan, Provider
-from gtrain.remote.base import Runner
-from gtrain.spec import ClusterSpec, parse_spec
 from gtrain.state import Cluster, StateStore
+
+if TYPE_CHECKING:
+    from gtrain.providers.base import Plan, Provider
+    from gtrain.remote.base import Runner
+    from gtrain.spec import ClusterSpec
 
 
 @dataclass
@@ -39,6 +41,8 @@ class Context:
         return self.provider(cluster.provider).runners(cluster)
 
     def spec_of(self, cluster: Cluster) -> ClusterSpec:
+        from gtrain.spec import parse_spec
+
         return parse_spec(cluster.spec, base_dir=cluster.extra.get("base_dir"))
 
 
@@ -145,8 +149,6 @@ def down(name: str, ctx: Context) -> DownResult:
 
 def status(ctx: Context, name: str | None = None, *, refresh: bool = True) -> list[dict[str, Any]]:
     """Clusters from state. With a name (and ``refresh``), the newest job's state is asked of the nodes."""
-    from gtrain.jobs.lifecycle import refresh_job
-
     if name is not None:
         clusters = [ctx.cluster(name)]
     else:
@@ -156,6 +158,8 @@ def status(ctx: Context, name: str | None = None, *, refresh: bool = True) -> li
     for c in clusters:
         job = ctx.store.latest_job(c.id)
         if job is not None and name is not None and refresh and c.status == "up":
+            from gtrain.jobs.lifecycle import refresh_job
+
             job = refresh_job(c, job, ctx)
         jobs = ctx.store.jobs(c.id) if name is not None else ([job] if job else [])
         out.append({

@@ -154,9 +154,9 @@ class ClusterSpec(_Model):
     name: str
     provider: Literal["local", "ssh", "aws", "gcp", "slurm"] = "local"
     num_nodes: int = Field(1, ge=1, le=MAX_NODES)
-    resources: Resources = Field(default_factory=Resources)
+    resources: Resources = Field(default_factory=lambda: Resources())
     job: Job | None = None
-    policies: Policies = Field(default_factory=Policies)
+    policies: Policies = Field(default_factory=lambda: Policies())
     # Provider-specific sections are kept as validated-later mappings so a provider module owns its schema.
     ssh: dict[str, Any] | None = None
     aws: dict[str, Any] | None = None

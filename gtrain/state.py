@@ -337,7 +337,8 @@ class StateStore:
 
     def mark_resource(self, rid: int, status: str, *, ref: str | None = None,
                       meta: dict[str, Any] | None = None) -> None:
-        sets, vals = ["status=?"], [status]
+        sets: list[str] = ["status=?"]
+        vals: list[Any] = [status]
         if status == "deleted":
             sets.append("deleted_at=?")
             vals.append(time.time())

@@ -118,5 +118,6 @@ def status(
         out.table("nodes", ["node", "address", "status", "zone"],
                   [[n["rank"], n["address"] or "-", n["status"], n["zone"] or "-"] for n in r["nodes"]])
         out.table("jobs", ["job", "status", "exit", "started", "ended", "run"],
-                  [[j["id"], j["status"], "-" if j["exit_code"] is None else j["exit_code"], out.fmt_time(j["created_at"]),
+                  [[j["id"], j["status"], "-" if j["exit_code"] is None else j["exit_code"],
+                    out.fmt_time(j["created_at"]),
                     out.fmt_time(j["ended_at"]), j["run"] or "-"] for j in r["jobs"]])

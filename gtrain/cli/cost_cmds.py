@@ -1,4 +1,4 @@
-"""gtrain cost."""
+"""gtrain cost / catalog: what runs cost, and what could run at what price."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from gtrain.cli import output as out
 
 def register(app: typer.Typer) -> None:
     app.command("cost")(cost)
+    app.command("catalog")(catalog)
 
 
 def cost(
@@ -36,3 +37,36 @@ def cost(
     out.table("cost history", ["cluster", "provider", "status", "start", "stop", "node-hours", "$"], rows)
     total = sum(r.total_usd for r in reports)
     out.console().print(f"total: {out.fmt_usd(total)}" + ("  (* estimate)" if any(r.estimate for r in reports) else ""))
+
+
+def catalog(
+    gpu: str = typer.Option(None, "--gpu", help="Only this GPU model (exact name, e.g. A100, H100, L4)."),
+    count: int = typer.Option(None, "--count", help="Only offers with this many GPUs per node."),
+    provider: str = typer.Option(None, "--provider", help="aws or gcp (default: both, side by side)."),
+    region: str = typer.Option(None, "--region", help="Only this region."),
+    spot: bool = typer.Option(False, "--spot", help="Sort by the spot price."),
+    limit: int = typer.Option(30, "--limit", help="Show at most this many rows (0: all)."),
+    json_: bool = typer.Option(False, "--json", help="Print one JSON document on stdout and nothing else."),
+) -> None:
+    """GPU instance offers from the shipped catalog, cheapest first."""
+    out.set_json(json_)
+    from dataclasses import asdict
+
+    from gtrain import catalog as cat
+
+    rows = cat.offers(provider=provider, gpu=gpu, gpu_count=count, region=region, spot=spot)
+    if limit:
+        rows = rows[:limit]
+    if json_:
+        out.emit_json({"offers": [asdict(o) for o in rows]})
+        return
+    if not rows:
+        names = ", ".join(cat.gpu_names(provider))
+        out.console().print(f"no offers match. GPU names in the catalog: {names}")
+        return
+    out.table(None, ["provider", "instance type", "GPUs", "GPU mem", "vCPUs", "mem GiB", "region", "$/h",
+                     "spot $/h*"],
+              [[o.provider, o.instance_type,
+                o.accelerators, f"{o.gpu_memory_gib:g}", o.vcpus, f"{o.memory_gib:g}", o.region,
+                out.fmt_usd(o.price_ondemand), out.fmt_usd(o.price_spot)] for o in rows])
+    out.console().print("* spot prices are typical estimates; gtrain prices a run from the provider when it can")

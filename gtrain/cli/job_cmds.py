@@ -61,7 +61,8 @@ def launch(
 def logs(
     cluster: str = typer.Argument(..., help="Cluster name."),
     job: str = typer.Option(None, "--job", help="Job id (default: the newest job)."),
-    follow: bool = typer.Option(False, "--follow", "-f", help="Keep following; end when the job ends, with its exit code."),
+    follow: bool = typer.Option(False, "--follow", "-f",
+                                help="Keep following; end when the job ends, with its exit code."),
     node: int = typer.Option(None, "--node", help="Only this node."),
     rank: int = typer.Option(None, "--rank", help="Only this global rank."),
     tail: int = typer.Option(None, "--tail", help="Start with the last N lines of each log."),

@@ -31,8 +31,10 @@ def console(stderr: bool = False) -> Any:
     from rich.console import Console
 
     stream = sys.stderr if stderr else sys.stdout
-    return Console(file=stream, no_color=not _color(stream), highlight=False, soft_wrap=True,
-                   force_terminal=None if _color(stream) else False)
+    tty = _color(stream)
+    # Not a terminal (CI, a pipe): don't wrap tables at 80 columns.
+    return Console(file=stream, no_color=not tty, highlight=False, soft_wrap=True,
+                   force_terminal=None if tty else False, width=None if stream.isatty() else 240)
 
 
 def emit_json(doc: Any) -> None:

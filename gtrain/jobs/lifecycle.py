@@ -13,15 +13,14 @@ import secrets as _secrets
 import shlex
 import threading
 import time
-from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gtrain.errors import ConfigError, GtrainError, JobConflict, RemoteError
 from gtrain.jobs.render import NodeContext, render_all
 from gtrain.remote.fanout import parallel
-from gtrain.spec import ClusterSpec, Job
 from gtrain.state import TERMINAL_JOB, Cluster
 from gtrain.state import Job as JobRecord
 from gtrain.sync.workdir import list_workdir
@@ -29,6 +28,7 @@ from gtrain.sync.workdir import list_workdir
 if TYPE_CHECKING:
     from gtrain.cluster import Context
     from gtrain.remote.base import Runner
+    from gtrain.spec import ClusterSpec, Job
 
 CANCEL_EXIT = 130
 
@@ -112,7 +112,8 @@ def launch(cluster: Cluster, spec: ClusterSpec, ctx: Context, *, force: bool = F
     if active is not None:
         if not force:
             raise JobConflict(f"job {active.id} is still {active.status} on {cluster.name}",
-                              hint=f"wait for it (`gtrain logs {cluster.name} -f`), or launch with --force to cancel it")
+                              hint=f"wait for it (`gtrain logs {cluster.name} -f`), "
+                                   "or launch with --force to cancel it")
         ctx.report.info(f"cancelling {active.id} (--force)")
         cancel_job(cluster, active, ctx)
 
@@ -275,11 +276,11 @@ def resolve_job(cluster: Cluster, ctx: Context, job_id: str | None) -> JobRecord
         if job.cluster_id != cluster.id:
             raise ConfigError(f"job {job_id!r} is not a job of cluster {cluster.name!r}", field="--job")
         return job
-    job = ctx.store.latest_job(cluster.id)
-    if job is None:
+    latest = ctx.store.latest_job(cluster.id)
+    if latest is None:
         raise ConfigError(f"cluster {cluster.name!r} has no jobs yet", field="--job",
                           hint=f"`gtrain launch --cluster {cluster.name}` starts one")
-    return job
+    return latest
 
 
 # ---- following output --------------------------------------------------------------------------------

@@ -11,12 +11,14 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from gtrain.events import SILENT, Reporter
-from gtrain.remote.base import Runner
-from gtrain.spec import ClusterSpec
-from gtrain.state import Cluster, CostInterval, StateStore
+
+if TYPE_CHECKING:  # kept off the import path of `gtrain status` (pydantic, runners)
+    from gtrain.remote.base import Runner
+    from gtrain.spec import ClusterSpec
+    from gtrain.state import Cluster, CostInterval, StateStore
 
 
 @dataclass

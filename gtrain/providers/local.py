@@ -27,7 +27,8 @@ class LocalProvider(Provider):
     def plan(self, spec: ClusterSpec) -> Plan:
         if spec.num_nodes > MAX_LOCAL_NODES:
             raise ConfigError(
-                f"num_nodes: {spec.num_nodes} — the local provider runs at most {MAX_LOCAL_NODES} nodes on this machine",
+                f"num_nodes: {spec.num_nodes} — the local provider runs at most {MAX_LOCAL_NODES} nodes "
+                "on this machine",
                 hint="use fewer nodes, or a cloud provider", field="num_nodes",
             )
         if spec.resources.use_spot:

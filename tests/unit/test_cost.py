@@ -26,7 +26,8 @@ class PerSecond(Provider):
         return []
 
     def price(self, cluster: Cluster, interval: CostInterval) -> IntervalCost:
-        return IntervalCost(self.billed_cost(interval, now=interval.stopped_at or 0), estimate=interval.market == "spot")
+        cost = self.billed_cost(interval, now=interval.stopped_at or 0)
+        return IntervalCost(cost, estimate=interval.market == "spot")
 
 
 def test_abc_refuses_a_provider_missing_a_method() -> None:

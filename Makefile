@@ -1,0 +1,38 @@
+# gtrain developer commands. `make demo` and `make test` work on a fresh machine (they set up .venv first).
+PY     ?= .venv/bin/python
+PIP    ?= .venv/bin/pip
+STAMP  := .venv/.gtrain-setup
+
+.PHONY: setup demo test test-unit test-integration bench lint clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv .venv
+	$(PIP) install -q --upgrade pip
+	# torch: the CPU wheel of this exact version (a plain `torch` would pull a multi-GB CUDA build)
+	$(PIP) install -q torch==2.13.0 numpy
+	$(PIP) install -q -e '.[dev,test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(PY) -m gtrain run examples/quickstart/spec.yaml --to quickstart-checkpoints
+
+test: setup
+	$(PY) -m pytest -q
+
+test-unit: setup
+	$(PY) -m pytest -q tests/unit
+
+test-integration: setup
+	$(PY) -m pytest -q tests/integration
+
+bench: setup
+	bash bench/run_all.sh
+
+lint: setup
+	$(PY) -m ruff check gtrain tests bench
+	$(PY) -m mypy
+
+clean:
+	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache quickstart-checkpoints
