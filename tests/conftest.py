@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins: list[str] = ["tests.fixtures.moto_server", "tests.fixtures.gcs_emulator"]
+# every module in tests/fixtures/ is a plugin (session-scoped services: moto, GCS emulator, sshd hosts)
+pytest_plugins: list[str] = sorted(
+    f"tests.fixtures.{p.stem}" for p in (Path(__file__).parent / "fixtures").glob("*.py") if p.stem != "__init__"
+)
 
 
 @pytest.fixture(autouse=True)
