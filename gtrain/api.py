@@ -14,6 +14,7 @@ Every function takes an optional :class:`~gtrain.events.Reporter` for progress a
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -177,8 +178,10 @@ def run(spec: Any, *, name: str | None = None, keep: bool = False, to: str | os.
     """up + launch + wait + pull + down. The cluster is torn down whatever happens (unless ``keep``),
     Ctrl+C included, so nothing is left running that nobody watches."""
     from gtrain.errors import GtrainError
+    from gtrain.jobs.lifecycle import check_job
 
     parsed = _spec(spec, name)
+    check_job(parsed)  # bad workdir / script / secrets: exit 2 before anything is created
     res = RunResult(parsed.name)
     rep = report or SILENT
     created = False
@@ -197,3 +200,52 @@ def run(spec: Any, *, name: str | None = None, keep: bool = False, to: str | os.
         if not keep and (created or res.job_id):
             res.down = down(parsed.name, report=rep)
     return res
+
+
+def exec_command(cluster: str, command: str, *, node: int | None = None,
+                 on_line: Callable[[LogLine], None] | None = None, report: Reporter | None = None) -> dict[int, int]:
+    """Run a shell command on every node (or one), in parallel, streaming lines. Returns node -> exit code."""
+    from gtrain.errors import ConfigError, GtrainError
+    from gtrain.jobs.lifecycle import LogLine
+    from gtrain.remote.fanout import parallel
+
+    ctx = _ctx(report)
+    try:
+        c = ctx.cluster(cluster)
+        runners = ctx.runners(c)
+        if node is not None and not 0 <= node < len(runners):
+            raise ConfigError(f"--node {node}: cluster {cluster} has nodes 0..{len(runners) - 1}", field="--node")
+        picked = list(range(len(runners))) if node is None else [node]
+        emit = on_line or (lambda _line: None)
+
+        def one(i: int) -> int:
+            try:
+                return runners[i].stream(f"cd {shlex.quote(runners[i].root)}/workdir 2>/dev/null; {command}",
+                                         lambda text: emit(LogLine(i, None, text)))
+            except GtrainError as e:
+                ctx.report.warn(f"node {i}: {e.message}")
+                return 255
+
+        return dict(zip(picked, parallel(one, picked), strict=True))
+    finally:
+        ctx.store.close()
+
+
+def shell_argv(cluster: str, *, node: int = 0) -> tuple[list[str], str | None]:
+    """The argv (and cwd) of an interactive shell on a node: ``ssh -F $GTRAIN_HOME/ssh/config <cluster>-<k>``
+    for nodes reached over SSH, a login shell in the node's directory for local nodes."""
+    from gtrain.errors import ConfigError
+    from gtrain.remote.sshconfig import config_path
+
+    ctx = _ctx(None)
+    try:
+        c = ctx.cluster(cluster)
+        nodes = ctx.store.nodes(c.id)
+        if not 0 <= node < len(nodes):
+            raise ConfigError(f"--node {node}: cluster {cluster} has nodes 0..{len(nodes) - 1}", field="--node")
+        n = nodes[node]
+        if n.meta.get("ssh"):
+            return ["ssh", "-F", str(config_path(ctx.store)), f"{cluster}-{node}"], None
+        return [os.environ.get("SHELL", "bash"), "-l"], n.instance_id
+    finally:
+        ctx.store.close()

@@ -90,8 +90,12 @@ def up(spec: ClusterSpec, ctx: Context, *, dry_run: bool = False) -> UpResult:
     try:
         provider.provision(spec, cluster, plan)
     except BaseException:
-        ctx.store.update_cluster(cluster.id, status="failed")
-        _open_intervals(ctx.store, cluster, plan, started)
+        if not ctx.store.resources(cluster.id, live_only=True) and not ctx.store.nodes(cluster.id):
+            # nothing was made: leave nothing behind, the name is free again
+            ctx.store.update_cluster(cluster.id, status="terminated", terminated_at=time.time())
+        else:  # what was made is in state (and in tags): `gtrain down` removes it, `gtrain up` resumes
+            ctx.store.update_cluster(cluster.id, status="failed")
+            _open_intervals(ctx.store, cluster, plan, started)
         raise
     _open_intervals(ctx.store, cluster, plan, started)
     ctx.store.update_cluster(cluster.id, status="up")
@@ -162,12 +166,17 @@ def status(ctx: Context, name: str | None = None, *, refresh: bool = True) -> li
 
             job = refresh_job(c, job, ctx)
         jobs = ctx.store.jobs(c.id) if name is not None else ([job] if job else [])
+        live: dict[int, Any] = {}
+        if name is not None and refresh and c.status == "up":
+            live = {s.rank: s for s in ctx.provider(c.provider).describe(c)}
         out.append({
             "name": c.name, "id": c.id, "provider": c.provider, "status": c.status, "num_nodes": c.num_nodes,
             "instance_type": c.instance_type, "market": c.market, "region": c.region,
             "price_per_hour": round(c.price_per_hour * c.num_nodes, 4), "created_at": c.created_at,
             "uptime_hours": round((now - c.created_at) / 3600, 4),
-            "nodes": [{"rank": n.rank, "address": n.address, "status": n.status, "zone": n.zone}
+            "nodes": [{"rank": n.rank, "address": n.address, "zone": n.zone,
+                       "status": live[n.rank].status if n.rank in live else n.status,
+                       "detail": live[n.rank].detail if n.rank in live else ""}
                       for n in ctx.store.nodes(c.id)] if name is not None else None,
             "jobs": [{"id": j.id, "status": j.status, "exit_code": j.exit_code, "created_at": j.created_at,
                       "ended_at": j.ended_at, "run": j.info.get("run")} for j in jobs if j is not None],

@@ -102,8 +102,9 @@ class Job(_Model):
         for k, val in v.items():
             if not ENV_NAME_RE.match(k):
                 raise ValueError(f"{k!r} is not a valid environment variable name (letters, digits, _)")
-            if k in RESERVED_ENV:
-                raise ValueError(f"{k!r} is set by gtrain/torchrun on every rank; pick another name")
+            if k in RESERVED_ENV or k.startswith("GTRAIN_"):
+                raise ValueError(f"{k!r} is set by gtrain/torchrun on every rank (GTRAIN_* is reserved); "
+                                 "pick another name")
             if "\x00" in val:
                 raise ValueError(f"value of {k!r} holds a NUL byte")
         return v

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -175,6 +176,9 @@ class StateStore:
         self.home = Path(home) if home else gtrain_home()
         self.path = self.home / "state.db"
         self._conn: sqlite3.Connection | None = None
+        # One connection, shared by the threads of a fan-out: writes take turns (a second BEGIN on the same
+        # connection would fail). Other processes are serialised by SQLite's own locking (busy_timeout).
+        self._lock = threading.RLock()
 
     # ---- connection ----------------------------------------------------------------------------
 
@@ -222,14 +226,15 @@ class StateStore:
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
         conn = self.conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield conn
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        else:
-            conn.execute("COMMIT")
+        with self._lock:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            else:
+                conn.execute("COMMIT")
 
     def close(self) -> None:
         if self._conn is not None:

@@ -65,7 +65,7 @@ def main() -> int:
         opt.step()
         if step == args.fail_at and rank == world - 1:
             print(f"failing on purpose at step {step}", flush=True)
-            return 3
+            os._exit(3)  # abruptly, like a crash: no process-group teardown
         if step % 5 == 0 or step == args.steps - 1:
             avg = loss.detach().clone()
             dist.all_reduce(avg)

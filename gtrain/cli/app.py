@@ -10,7 +10,7 @@ import sys
 import typer
 
 from gtrain import __version__
-from gtrain.cli import cluster_cmds, cost_cmds, job_cmds
+from gtrain.cli import cluster_cmds, cost_cmds, data_cmds, gc_cmds, job_cmds, node_cmds
 from gtrain.cli.output import emit_json, err, json_mode
 from gtrain.errors import GtrainError
 
@@ -41,6 +41,9 @@ def _root(
 cluster_cmds.register(app)
 job_cmds.register(app)
 cost_cmds.register(app)
+gc_cmds.register(app)
+node_cmds.register(app)
+data_cmds.register(app)
 
 
 def main() -> None:

@@ -77,8 +77,13 @@ def down(
 ) -> None:
     """Stop jobs, delete every resource of the cluster, print what it cost."""
     out.set_json(json_)
+    import sys
+
     import gtrain.api as api
 
+    if not yes and sys.stdin.isatty() and not json_:
+        # On a terminal, ask: down deletes the nodes and what is on them. Without a TTY (CI) it just runs.
+        _confirm(f"Tear down {cluster} and delete everything on its nodes?", False)
     res = api.down(cluster, report=out.CLIReporter())
     if json_:
         out.emit_json(res.to_dict())
@@ -115,8 +120,9 @@ def status(
                for r in rows])
     if cluster is not None:
         r = rows[0]
-        out.table("nodes", ["node", "address", "status", "zone"],
-                  [[n["rank"], n["address"] or "-", n["status"], n["zone"] or "-"] for n in r["nodes"]])
+        out.table("nodes", ["node", "address", "status", "zone", "detail"],
+                  [[n["rank"], n["address"] or "-", n["status"], n["zone"] or "-", n["detail"] or ""]
+                   for n in r["nodes"]])
         out.table("jobs", ["job", "status", "exit", "started", "ended", "run"],
                   [[j["id"], j["status"], "-" if j["exit_code"] is None else j["exit_code"],
                     out.fmt_time(j["created_at"]),

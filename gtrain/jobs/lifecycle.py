@@ -188,6 +188,13 @@ def _node_state(r: Runner, job_id: str) -> dict[str, Any]:
         return {"state": "unreachable", "error": e.message, "ranks": {}}
 
 
+def _node_cancel(r: Runner, job_id: str) -> None:
+    try:
+        r.call("cancel", job_dir(r, job_id), "5", timeout=60)
+    except RemoteError:
+        pass  # unreachable now: the state read that follows reports it
+
+
 def aggregate(states: list[dict[str, Any]]) -> tuple[str, int | None]:
     names = [s.get("state") for s in states]
     if any(n in ("unreachable",) for n in names):
@@ -228,18 +235,22 @@ def refresh_job(cluster: Cluster, job: JobRecord, ctx: Context, *, fail_fast: bo
     states = parallel(lambda r: _node_state(r, job.id), runners)
     status, code = aggregate(states)
     names = [s.get("state") for s in states]
-    if fail_fast and status == "running" and any(n in ("failed", "missing") for n in names):
-        # One node's job died while the others wait in a collective: stop them instead of hanging.
-        bad = [i for i, n in enumerate(names) if n in ("failed", "missing")]
-        ctx.report.warn(f"job {job.id} failed on node(s) {bad}; stopping it on the other nodes")
-        running = [r for r, n in zip(runners, names, strict=True) if n in ("running", "pending")]
-        parallel(lambda r: r.call("cancel", job_dir(r, job.id), "5"), running)
-        states = parallel(lambda r: _node_state(r, job.id), runners)
-        status, code = "failed", job_exit_code([s for s in states if s.get("state") == "failed"] or states)
+    dead = [i for i, n in enumerate(names) if n in ("failed", "missing", "unreachable")]
+    alive = [i for i, n in enumerate(names) if n in ("running", "pending")]
+    if fail_fast and dead and alive:
+        # One node's job died (or its node did) while the others wait in a collective: stop them instead
+        # of letting them hang until a timeout.
+        ctx.report.warn(f"job {job.id} failed on node(s) {dead}; stopping it on node(s) {alive}")
+        parallel(lambda i: _node_cancel(runners[i], job.id), alive)
+        states = [states[i] if i in dead else _node_state(runners[i], job.id) for i in range(len(runners))]
+        names = [s.get("state") for s in states]
+        failed = [s for s in states if s.get("state") == "failed"]
+        status, code = "failed", (job_exit_code(failed) if failed else 255)
     info = dict(job.info)
     info["nodes"] = [{"state": s.get("state"), "exit_code": s.get("exit_code"), "error": s.get("error")}
                      for s in states]
-    info["final"] = status in TERMINAL_JOB and "unreachable" not in names
+    # terminal is final: a node that was unreachable may come back, but the rest of the job was stopped
+    info["final"] = status in TERMINAL_JOB and any(n != "unreachable" for n in names)
     if status != job.status or code != job.exit_code or info != job.info:
         ctx.store.update_job(job.id, status=status, exit_code=code, info=info)
     return ctx.store.get_job(job.id)
@@ -326,7 +337,10 @@ def follow(cluster: Cluster, job: JobRecord, ctx: Context, on_line: Callable[[Lo
     open_streams = set(picked)
     ended: dict[int, str] = {}
     last_check = time.monotonic()
+    settled_at: float | None = None  # when a refresh found the job over while streams were still open
     while open_streams:
+        if settled_at is not None and time.monotonic() - settled_at > 10:
+            break  # streams of nodes that are gone never end by themselves
         try:
             kind, i, payload = q.get(timeout=0.5)
         except queue.Empty:
@@ -346,7 +360,9 @@ def follow(cluster: Cluster, job: JobRecord, ctx: Context, on_line: Callable[[Lo
         if follow and ended and open_streams and time.monotonic() - last_check > 2:
             last_check = time.monotonic()
             if any('"succeeded"' not in v for v in ended.values()):
-                refresh_job(cluster, job, ctx)
+                job = refresh_job(cluster, ctx.store.get_job(job.id), ctx)
+                if job.status in TERMINAL_JOB and settled_at is None:
+                    settled_at = time.monotonic()
     for t in threads:
         t.join(timeout=5)
-    return refresh_job(cluster, job, ctx) if follow else ctx.store.get_job(job.id)
+    return refresh_job(cluster, ctx.store.get_job(job.id), ctx) if follow else ctx.store.get_job(job.id)

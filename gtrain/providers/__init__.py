@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 
 REGISTRY: dict[str, str] = {
     "local": "gtrain.providers.local:LocalProvider",
+    "aws": "gtrain.providers.aws:AWSProvider",
+    "ssh": "gtrain.providers.ssh:SSHProvider",
 }
 
 

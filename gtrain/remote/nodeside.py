@@ -283,7 +283,39 @@ def follow(job_dir: str, follow_flag: str = "0", tail: str = "-1", interval: str
     return 0
 
 
+def probe(root: str, check_torch: str = "1") -> dict[str, object]:
+    """What `gtrain up` checks on a host: python, torch, GPUs, free disk, and the address we reached it on.
+    Read-only: ``root`` is only expanded (``~``), not created."""
+    import platform
+    import shutil
+    import subprocess
+
+    out: dict[str, object] = {"python": platform.python_version(), "hostname": socket.gethostname()}
+    conn = os.environ.get("SSH_CONNECTION", "").split()
+    out["ssh_server_addr"] = conn[2] if len(conn) >= 4 else None
+    if check_torch == "1":
+        try:
+            import torch  # noqa: F401
+
+            out["torch"] = torch.__version__
+        except Exception as e:  # noqa: BLE001 - reported, not raised
+            out["torch_error"] = f"{type(e).__name__}: {e}"
+    gpus = 0
+    if shutil.which("nvidia-smi"):
+        try:
+            res = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+            gpus = sum(1 for ln in res.stdout.splitlines() if ln.startswith("GPU "))
+        except (OSError, subprocess.SubprocessError):
+            pass
+    out["gpus"] = gpus
+    home = os.path.expanduser("~")
+    out["free_gb"] = round(shutil.disk_usage(home).free / 1e9, 1)
+    out["root"] = os.path.expanduser(root)
+    return out
+
+
 FUNCS = {
+    "probe": probe,
     "free_port": free_port, "job_state": job_state, "cancel": cancel, "manifest": manifest,
     "remove_tree": remove_tree,
 }

@@ -350,7 +350,9 @@ class _Pool:
                 t = client.get_transport()
                 if t is not None and t.is_active():
                     return client
-                client.close()
+                with self._lock:
+                    self._clients.pop(key, None)
+                _close_client(client)
             client = _connect(target, opts)
             with self._lock:
                 self._clients[key] = client
@@ -361,7 +363,7 @@ class _Pool:
         with self._lock:
             client = self._clients.pop(key, None)
         if client is not None:
-            client.close()
+            _close_client(client)
 
     def transports(self) -> dict[tuple[str, int, str], Any]:
         with self._lock:
@@ -372,8 +374,7 @@ class _Pool:
             clients = list(self._clients.values())
             self._clients.clear()
         for c in clients:
-            with contextlib.suppress(Exception):
-                c.close()
+            _close_client(c)
 
 
 _POOL = _Pool()
@@ -386,6 +387,15 @@ def close_all() -> None:
 
 def pool_stats() -> dict[str, int]:
     return {"open": len(_POOL.transports()), "connects": _POOL.connects}
+
+
+def _close_client(client: paramiko.SSHClient) -> None:
+    """Close a client and reap its proxy command, if any."""
+    with contextlib.suppress(Exception):
+        client.close()
+    proxy = getattr(client, "_gtrain_proxy", None)
+    if proxy is not None:
+        proxy.close()
 
 
 def _transport_factory(sock: Any, **kw: Any) -> paramiko.Transport:
@@ -402,12 +412,50 @@ def _transport_factory(sock: Any, **kw: Any) -> paramiko.Transport:
     return t
 
 
+class _ProxyCommand:
+    """An OpenSSH-style ProxyCommand (run by ``sh -c``) whose stdin/stdout are one end of a socketpair; the
+    other end is a real socket for paramiko. Used instead of ``paramiko.ProxyCommand``, which never reaps or
+    closes its child, spins on EOF and raises in the transport thread when the child is already gone."""
+
+    def __init__(self, command: str) -> None:
+        import tempfile
+
+        self.command = command
+        self.sock, theirs = socket.socketpair()
+        self.stderr = tempfile.TemporaryFile()
+        try:
+            self.proc = subprocess.Popen(["/bin/sh", "-c", f"exec {command}"], stdin=theirs.fileno(),
+                                         stdout=theirs.fileno(),
+                                         stderr=self.stderr, start_new_session=True)
+        except OSError:
+            self.sock.close()
+            self.stderr.close()
+            raise
+        finally:
+            theirs.close()
+
+    def stderr_tail(self) -> str:
+        with contextlib.suppress(OSError):
+            self.stderr.seek(0)
+            return self.stderr.read()[-500:].decode(errors="replace").strip()
+        return ""
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.stderr.close()
+
+
 def _open_sock(target: SSHTarget, opts: ConnectOptions, timeout: float) -> Any:
     if target.proxy_command:
-        import paramiko
-
-        cmd = expand_proxy_command(target.proxy_command, target.host, target.port, target.user)
-        return paramiko.ProxyCommand(cmd)
+        return _ProxyCommand(expand_proxy_command(target.proxy_command, target.host, target.port, target.user))
     jump = target.jump_target()
     if jump is not None:
         bastion = _POOL.get(jump, ConnectOptions(opts.tofu, opts.on_new_host_key, opts.retry_s, opts.timeout_s,
@@ -437,8 +485,12 @@ def _connect(target: SSHTarget, opts: ConnectOptions) -> paramiko.SSHClient:
             client.load_system_host_keys(str(kh))
         client.set_missing_host_key_policy(_policy(opts.tofu, opts.on_new_host_key, target.port))
         retry_cause: str | None = None
+        client._gtrain_proxy = None  # type: ignore[attr-defined]
         try:
             sock = _open_sock(target, opts, timeout)
+            if isinstance(sock, _ProxyCommand):
+                client._gtrain_proxy = sock  # type: ignore[attr-defined]
+                sock = sock.sock
             client.connect(
                 target.host, port=target.port, username=target.user, key_filename=target.identity_file,
                 timeout=timeout, banner_timeout=timeout, auth_timeout=timeout, channel_timeout=timeout,
@@ -450,13 +502,13 @@ def _connect(target: SSHTarget, opts: ConnectOptions) -> paramiko.SSHClient:
             t.set_keepalive(opts.keepalive_s)
             return client
         except _Refused as e:
-            client.close()
+            _close_client(client)
             raise RemoteError(
                 f"cannot connect to {target.display}: {e}; refusing an unpinned host key",
                 hint="pin it in the spec (`host_keys:`) or let `gtrain up` record it on first connect",
             ) from None
         except paramiko.BadHostKeyException as e:
-            client.close()
+            _close_client(client)
             raise RemoteError(
                 f"cannot connect to {target.display}: host key for {_hostport(target.host, target.port)} CHANGED "
                 f"(pinned {e.expected_key.get_name()} {fingerprint_sha256(e.expected_key.get_base64())}, "
@@ -465,16 +517,16 @@ def _connect(target: SSHTarget, opts: ConnectOptions) -> paramiko.SSHClient:
                      "and connect again; otherwise someone may be intercepting the connection",
             ) from None
         except paramiko.AuthenticationException as e:
-            client.close()
+            _close_client(client)
             raise RemoteError(
                 f"cannot connect to {target.display}: authentication failed ({e})",
                 hint=f"check the user and identity file ({target.identity_file or 'agent/default keys'})",
             ) from None
         except ConfigError:
-            client.close()
+            _close_client(client)
             raise
         except RemoteError:
-            client.close()
+            _close_client(client)
             raise
         except ConnectionRefusedError:
             retry_cause = "connection refused"
@@ -490,7 +542,10 @@ def _connect(target: SSHTarget, opts: ConnectOptions) -> paramiko.SSHClient:
             retry_cause = f"ssh handshake failed ({e})"
         except EOFError:
             retry_cause = "connection closed during the handshake"
-        client.close()
+        proxy = getattr(client, "_gtrain_proxy", None)
+        if proxy is not None and (tail := proxy.stderr_tail()):
+            retry_cause = f"{retry_cause}; proxy command said: {tail}"
+        _close_client(client)
         left = deadline - time.monotonic()
         if left <= 0:
             via = f" via {target.proxy_jump}" if target.proxy_jump else (" via proxy command"
@@ -541,7 +596,7 @@ class SSHRunner(Runner):
 
     # ---- connection ----
 
-    @property  # type: ignore[override]
+    @property
     def root(self) -> str:
         if self._root is None:
             with self._lock:
@@ -553,6 +608,10 @@ class SSHRunner(Runner):
                     rest = spec[1:].lstrip("/") if spec.startswith("~") else spec
                     self._root = posixpath.join(home, rest) if rest else home
         return self._root
+
+    @root.setter
+    def root(self, value: str) -> None:
+        self._root = value
 
     def connect(self) -> None:
         """Open (or reuse) the pooled connection now; raises RemoteError with the cause."""
@@ -742,7 +801,7 @@ class SSHRunner(Runner):
     def _put_rsync(self, local_root: Path, files: Sequence[str], remote_dir: str) -> int:
         self.run(f"mkdir -p {shlex.quote(remote_dir)}", timeout=60)
         ssh = self.rsync_ssh_command()
-        argv = ["rsync", "-a", "--itemize-changes", "--files-from=-", "-e", ssh, f"{local_root}/",
+        argv = ["rsync", "-a", "--protect-args", "--itemize-changes", "--files-from=-", "-e", ssh, f"{local_root}/",
                 f"gtrain-node:{remote_dir}/"]
         p = subprocess.run(argv, check=False, input="\n".join(files).encode() + b"\n", capture_output=True)
         if p.returncode != 0:
@@ -808,9 +867,29 @@ class SSHRunner(Runner):
             if on_bytes:
                 on_bytes(len(data))
 
+        import paramiko
+
         err: list[bytes] = []
         cmd = f"exec tail -c +{int(offset) + 1} -- {shlex.quote(path)}"
-        rc = self._exec(cmd, stdin=None, timeout=None, on_out=on_out, on_err=err.append, cwd=False)
+        chan = self._open_session()
+        try:
+            chan.exec_command(self._wrap(cmd, cwd=False))
+            chan.shutdown_write()
+            # blocking reads of up to 1 MiB: one wake-up per burst, not per packet (stderr is tiny here)
+            while data := chan.recv(1 << 20):
+                on_out(data)
+                while chan.recv_stderr_ready():
+                    err.append(chan.recv_stderr(_READ))
+            while chan.recv_stderr_ready():
+                err.append(chan.recv_stderr(_READ))
+            chan.status_event.wait()
+            if chan.exit_status == -1 and not chan.get_transport().is_active():
+                raise self._lost(EOFError("transport closed"), "fetch")
+            rc = chan.recv_exit_status()
+        except (paramiko.SSHException, EOFError, OSError) as e:
+            raise self._lost(e, "fetch") from None
+        finally:
+            chan.close()
         if rc != 0:
             raise SyncError(f"{self.label}: cannot read {self.target.display}:{path}: "
                             f"{b''.join(err).decode(errors='replace').strip()}")

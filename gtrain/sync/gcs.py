@@ -17,6 +17,7 @@ give composite objects without an md5, and neither emulator supports them.
 from __future__ import annotations
 
 import base64
+import builtins
 import contextlib
 import hashlib
 from collections.abc import Callable, Iterator
@@ -168,11 +169,15 @@ class GCSBackend:
         with self._errors(url, obj.key):
             blob = self.client.bucket(url.bucket).blob(obj.key)
             with open(dest, "wb") as f:
-                w = _HashingWriter(f, progress)
+                # md5 only where there is no sha256 to check against (saves a hash pass on big files)
+                w = _HashingWriter(f, progress, md5=obj.sha256 is None)
                 blob.download_to_file(w, if_generation_match=int(obj.version), checksum="auto")
-        return obj, Digests(w.sha.hexdigest(), w.md5.hexdigest())
+        if blob.generation is not None and str(blob.generation) != obj.version:  # where the precondition isn't
+            raise SyncError(f"gs://{url.bucket}/{obj.key} changed during the sync (generation {blob.generation}, "
+                            f"listed {obj.version})", hint="re-run to sync what is there now")
+        return obj, Digests(w.sha.hexdigest(), w.md5.hexdigest() if w.md5 is not None else "")
 
-    def delete(self, url: RemoteURL, keys: list[str]) -> None:
+    def delete(self, url: RemoteURL, keys: builtins.list[str]) -> None:
         """One DELETE per object over a small pool (batch requests differ too much between GCS and emulators);
         an object already gone is fine."""
         from concurrent.futures import ThreadPoolExecutor
@@ -226,14 +231,16 @@ class _CountingReader:
 class _HashingWriter:
     """Writes through to the temp file, hashing and counting as the bytes arrive."""
 
-    def __init__(self, f: IO[bytes], cb: Callable[[int], None]) -> None:
+    def __init__(self, f: IO[bytes], cb: Callable[[int], None], *, md5: bool = True) -> None:
         self._f, self._cb = f, cb
-        self.sha, self.md5 = hashlib.sha256(), hashlib.md5(usedforsecurity=False)
+        self.sha = hashlib.sha256()
+        self.md5 = hashlib.md5(usedforsecurity=False) if md5 else None
 
     def write(self, data: bytes) -> int:
         n = self._f.write(data)
         self.sha.update(data)
-        self.md5.update(data)
+        if self.md5 is not None:
+            self.md5.update(data)
         self._cb(len(data))
         return n
 

@@ -25,6 +25,7 @@ gtrain's. What the engine guarantees, whichever the store:
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import fcntl
 import hashlib
@@ -33,7 +34,6 @@ import re
 import sqlite3
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -107,6 +107,7 @@ class RemoteObject:
 class Digests:
     sha256: str
     md5: str
+    """hex; "" where a download did not compute it (the object's sha256 was known)"""
 
 
 class Backend(Protocol):
@@ -133,7 +134,7 @@ class Backend(Protocol):
         (metadata filled in) and the content's digests when computed while streaming (else None)."""
         ...
 
-    def delete(self, url: RemoteURL, keys: list[str]) -> None:
+    def delete(self, url: RemoteURL, keys: builtins.list[str]) -> None:
         """Delete these keys (at most 1000)."""
         ...
 
@@ -561,6 +562,8 @@ class _Engine:
         self.lock = threading.Lock()
         self.remote: dict[str, RemoteObject] = {}
         self.local_files: dict[str, _LocalFile] = {}
+        self.real_root = os.path.realpath(local)
+        self.safe_dirs: set[Path] = set()
 
     # -- planning
 
@@ -580,8 +583,8 @@ class _Engine:
         source = self.local_files if upload else self.remote
         work: list[str] = []
         for rel in sorted(source):
-            lf, obj, entry = self.local_files.get(rel), self.remote.get(rel), self.manifest.entries.get(rel)
-            if lf is not None and obj is not None and entry is not None and self._unchanged(lf, obj, entry):
+            lf, maybe_obj, entry = self.local_files.get(rel), self.remote.get(rel), self.manifest.entries.get(rel)
+            if lf is not None and maybe_obj is not None and entry is not None and self._unchanged(lf, maybe_obj, entry):
                 self.result.skipped += 1
                 continue
             work.append(rel)
@@ -726,35 +729,36 @@ class _Engine:
         try:
             if lf is not None and lf.size == obj.size:
                 st0 = os.stat(final)
-                digests, same = self._compared_same(rel, final, obj)
+                local_digests, same = self._compared_same(rel, final, obj)
                 if same:
                     self._skip(rel, obj.size)
-                    return self._entry(st0, digests, obj)
+                    return self._entry(st0, local_digests, obj)
             if self.dry_run:
                 self._action("download", rel, obj.size, reason)
                 self.progress.file_done(rel)
                 return None
             parent = final.parent
-            parent.mkdir(parents=True, exist_ok=True)
-            root = os.path.realpath(self.local)
-            real_parent = os.path.realpath(parent)
-            if real_parent != root and not real_parent.startswith(root + os.sep):
-                raise SyncError(f"refusing to write {final}: a symlinked directory leads outside {self.local}")
-            tmp = parent / f".{final.name}.{uuid.uuid4().hex[:8]}{TMP_TAG}"
+            if parent not in self.safe_dirs:  # each folder made and checked once per sync
+                parent.mkdir(parents=True, exist_ok=True)
+                real_parent = os.path.realpath(parent)
+                if real_parent != self.real_root and not real_parent.startswith(self.real_root + os.sep):
+                    raise SyncError(f"refusing to write {final}: a symlinked directory leads outside {self.local}")
+                self.safe_dirs.add(parent)
+            tmp = parent / f".{final.name}.{os.urandom(4).hex()}{TMP_TAG}"
             try:
                 got, digests = self.backend.download(self.url, obj, tmp,
                                                      progress=lambda n: self.progress.add_bytes(n, rel))
                 size = os.stat(tmp).st_size
                 if size != obj.size:
-                    raise SyncError(f"{where}: downloaded {size} bytes, expected {obj.size}",
-                                    hint="the object changed or the transfer broke; re-run")
+                    raise SyncError(f"{where}: downloaded {size} bytes, expected {obj.size}: it changed during the "
+                                    "sync or the transfer broke", hint="re-run to sync what is there now")
                 if digests is None:
                     digests = hash_file(tmp)
                 if got.sha256 is not None and got.sha256 != digests.sha256:
                     raise SyncError(f"{where}: downloaded content does not match its {META_SHA256} metadata "
                                     f"(got sha256 {digests.sha256[:16]}…, expected {got.sha256[:16]}…)",
                                     hint="the object is corrupt or was rewritten without gtrain; nothing was kept")
-                if got.sha256 is None and got.md5 is not None and got.md5 != digests.md5:
+                if got.sha256 is None and got.md5 is not None and digests.md5 and got.md5 != digests.md5:
                     raise SyncError(f"{where}: downloaded content does not match its md5",
                                     hint="the object is corrupt or the transfer broke; nothing was kept")
                 os.replace(tmp, final)

@@ -15,6 +15,7 @@ botocore when the object has a full-object checksum (``response_checksum_validat
 from __future__ import annotations
 
 import base64
+import builtins
 import contextlib
 import re
 from collections.abc import Callable, Iterator
@@ -207,7 +208,7 @@ class S3Backend:
             self.manager.download(url.bucket, obj.key, str(dest), {}, [_Progress(progress)]).result()
             return head, None
 
-    def delete(self, url: RemoteURL, keys: list[str]) -> None:
+    def delete(self, url: RemoteURL, keys: builtins.list[str]) -> None:
         with self._errors(url):
             for i in range(0, len(keys), 1000):
                 batch = keys[i:i + 1000]

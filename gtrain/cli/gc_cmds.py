@@ -1,0 +1,52 @@
+"""gtrain gc: find (and with --yes delete) cloud resources tagged by gtrain that no live cluster owns."""
+
+from __future__ import annotations
+
+import typer
+
+from gtrain.cli import output as out
+
+
+def register(app: typer.Typer) -> None:
+    app.command("gc")(gc)
+
+
+def gc(
+    provider: str = typer.Option("aws", "--provider", help="Cloud to sweep (aws)."),
+    region: list[str] = typer.Option(None, "--region", help="Region to sweep (repeatable; default: every region "
+                                                            "in the catalog and in state)."),
+    profile: str = typer.Option(None, "--profile", help="boto3 profile (default: the environment's)."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Delete what is found (default: only list it)."),
+    json_: bool = typer.Option(False, "--json", help="Print one JSON document on stdout and nothing else."),
+) -> None:
+    """List resources tagged by gtrain that no live cluster in state owns; delete them with --yes."""
+    out.set_json(json_)
+    from gtrain.errors import ConfigError
+
+    if provider != "aws":
+        raise ConfigError(f"--provider {provider}: gc knows aws only", field="--provider")
+    from gtrain.providers.aws_gc import default_regions, live_cluster_ids
+    from gtrain.providers.aws_gc import gc as sweep
+    from gtrain.state import StateStore
+
+    store = StateStore()
+    try:
+        regions = list(region) if region else default_regions(store)
+        res = sweep(regions, live_cluster_ids(store), yes, store=store, report=out.CLIReporter(), profile=profile)
+    finally:
+        store.close()
+    if json_:
+        out.emit_json(res.to_dict())
+        return
+    c = out.console()
+    if not res.orphans:
+        c.print(f"nothing tagged by gtrain is orphaned in {', '.join(regions)}.")
+        return
+    out.table("orphaned resources", ["region", "cluster", "kind", "id"],
+              [[o.region, o.cluster_id, o.kind, o.id] for o in res.orphans])
+    if not res.deleted:
+        c.print(f"{len(res.orphans)} resource(s) of {len(res.clusters)} cluster(s). Delete them: gtrain gc --yes")
+    elif res.left:
+        c.print("deleted; still there: " + ", ".join(res.left))
+    else:
+        c.print(f"deleted {len(res.orphans)} resource(s); nothing tagged by those clusters remains.")

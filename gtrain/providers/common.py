@@ -1,0 +1,303 @@
+"""What the cloud providers (aws, gcp) share, so each states only what is its cloud's own.
+
+* the cluster's SSH key pair: ed25519 made here, private key 0600 under ``$GTRAIN_HOME/keys/``;
+* the owner string put on every resource, and this machine's public /32 for ``ssh_cidr: auto``;
+* the failover bookkeeping: each failed zone/region attempt, then one Capacity- or QuotaError that lists them;
+* the billing arithmetic: per-second billing with a minimum, disk by GB-hour from a $/GB-month list price;
+* waiting for every new node to answer over SSH (host keys pinned from the cloud where it publishes them);
+* ``gtrain gc``'s result types.
+
+No cloud SDK is imported here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import ipaddress
+import math
+import os
+import socket
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from gtrain.errors import CapacityError, ConfigError, GtrainError, QuotaError, RemoteError
+from gtrain.state import gtrain_home
+
+if TYPE_CHECKING:
+    from gtrain.events import Reporter
+    from gtrain.state import Cluster, StateStore
+
+#: a month of disk, in hours (the clouds' own convention for $/GB-month)
+HOURS_PER_MONTH = 730.0
+
+
+# ---------------------------------------------------------------------------------------------- identity
+
+
+def owner() -> str:
+    """``user@host`` of whoever runs gtrain, put on every resource it makes."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()}"[:255]
+
+
+# ---------------------------------------------------------------------------------------------- keys
+
+
+def keys_dir() -> Path:
+    d = gtrain_home() / "keys"
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with contextlib.suppress(OSError):
+        os.chmod(d, 0o700)
+    return d
+
+
+def key_path(cluster_id: str) -> Path:
+    """The private key of a cluster's nodes (``.pub`` beside it)."""
+    return keys_dir() / f"{cluster_id}.ed25519"
+
+
+def generate_key(path: Path) -> str:
+    """A new ed25519 key: private key (OpenSSH format) at ``path`` 0600; returns the public key line."""
+    from cryptography.hazmat.primitives import serialization as ser
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    priv = key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.OpenSSH, ser.NoEncryption())
+    pub = key.public_key().public_bytes(ser.Encoding.OpenSSH, ser.PublicFormat.OpenSSH).decode()
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(priv)
+    os.replace(tmp, path)
+    path.with_suffix(".pub").write_text(pub + "\n")
+    return pub
+
+
+def public_key(path: Path) -> str:
+    pub = path.with_suffix(".pub")
+    if pub.exists():
+        return pub.read_text().strip()
+    from cryptography.hazmat.primitives import serialization as ser
+
+    key = ser.load_ssh_private_key(path.read_bytes(), password=None)
+    return key.public_key().public_bytes(ser.Encoding.OpenSSH, ser.PublicFormat.OpenSSH).decode()
+
+
+def ensure_key(cluster_id: str) -> str:
+    """The cluster's public key line, making the key pair on first use."""
+    path = key_path(cluster_id)
+    if not path.exists():
+        return generate_key(path)
+    return public_key(path)
+
+
+def drop_key(cluster_id: str) -> None:
+    for p in (key_path(cluster_id), key_path(cluster_id).with_suffix(".pub")):
+        with contextlib.suppress(OSError):
+            p.unlink()
+
+
+# ---------------------------------------------------------------------------------------------- ssh_cidr
+
+
+def check_cidr(v: str) -> str:
+    """``ssh_cidr`` validation shared by the provider sections: 'auto' or a network."""
+    if v == "auto":
+        return v
+    try:
+        net = ipaddress.ip_network(v, strict=False)
+    except ValueError:
+        raise ValueError("must be 'auto' or a CIDR such as 203.0.113.7/32") from None
+    return str(net)
+
+
+def detect_public_cidr(section: str = "aws", timeout: float = 3.0, proxy_hint: str = "") -> str:
+    """This machine's public address as a /32 (``GTRAIN_CHECKIP_URL``, default checkip.amazonaws.com);
+    ConfigError naming ``<section>.ssh_cidr`` when it cannot be found."""
+    import urllib.request
+
+    url = os.environ.get("GTRAIN_CHECKIP_URL", "https://checkip.amazonaws.com")
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - fixed https URL
+            text = r.read(64).decode().strip()
+        ip = ipaddress.ip_address(text)
+    except (OSError, ValueError) as e:
+        raise ConfigError(
+            f"{section}.ssh_cidr: auto could not find this machine's public address ({url}: {e})",
+            hint=f"set {section}.ssh_cidr to your address, e.g. 203.0.113.7/32 (never 0.0.0.0/0 unless you mean "
+                 f"it), or use {section}.ssh_proxy_command{proxy_hint} and no port 22 is opened",
+            field=f"{section}.ssh_cidr",
+        ) from None
+    return f"{ip}/{ip.max_prefixlen}"
+
+
+def resolve_ssh_cidr(ssh_cidr: str, proxy_command: str | None, section: str, proxy_hint: str = "") -> str | None:
+    """The source range of the port-22 rule: the one written, this machine's /32 for 'auto', or None (no
+    port 22 at all) for 'auto' with a proxy command."""
+    if ssh_cidr != "auto":
+        return ssh_cidr
+    if proxy_command:
+        return None
+    return detect_public_cidr(section, proxy_hint=proxy_hint)
+
+
+def ssh_notes(ssh_cidr: str, proxy_command: str | None, section: str) -> list[str]:
+    """The plan's lines about who can reach port 22."""
+    if ssh_cidr == "auto" and not proxy_command:
+        return [f"port 22 opened to this machine's public address only ({section}.ssh_cidr: auto)"]
+    if proxy_command and ssh_cidr == "auto":
+        return [f"no inbound port 22: nodes are reached through {section}.ssh_proxy_command"]
+    if ssh_cidr in ("0.0.0.0/0", "::/0"):
+        return [f"WARNING: port 22 is open to the whole internet ({section}.ssh_cidr: {ssh_cidr})"]
+    return []
+
+
+# ---------------------------------------------------------------------------------------------- failover
+
+
+@dataclass
+class Attempts:
+    """Where ``up`` tried and why it failed there; :meth:`fail` raises the one error that lists them."""
+
+    items: list[str] = field(default_factory=list)
+    all_quota: bool = True
+
+    def add(self, where: str, err: GtrainError | str) -> None:
+        if isinstance(err, GtrainError):
+            self.all_quota &= isinstance(err, QuotaError)
+            self.items.append(f"{where}: {err.message}")
+        else:
+            self.items.append(f"{where}: {err}")
+
+    def fail(self, what: str, *, quota_hint: str, capacity_hint: str) -> NoReturn:
+        if self.items and self.all_quota:
+            raise QuotaError(f"no quota for {what} in any region tried:\n" + "\n".join(f"  - {a}" for a in self.items),
+                             hint=quota_hint)
+        raise CapacityError(f"no capacity for {what} in any zone or region tried", self.items, hint=capacity_hint)
+
+
+# ---------------------------------------------------------------------------------------------- billing
+
+
+def billed_seconds(seconds: float, minimum_s: float) -> int:
+    """Per-second billing with a minimum (EC2 and GCE: 60 s) for an interval that ran at all."""
+    if seconds <= 0:
+        return 0
+    return math.ceil(max(seconds, minimum_s))
+
+
+def disk_cost(disk_gb: float, usd_per_gb_month: float, billed_s: float) -> float:
+    """A disk's cost over ``billed_s`` seconds at a $/GB-month list price (730 h a month)."""
+    return disk_gb * usd_per_gb_month / HOURS_PER_MONTH * billed_s / 3600.0
+
+
+# ---------------------------------------------------------------------------------------------- ssh
+
+
+def write_ssh_config(store: StateStore, report: Reporter, lock: Any, exclude: str | None = None) -> None:
+    """``$GTRAIN_HOME/ssh/config`` (``ssh <cluster>-<k>``); best effort, never fails a command."""
+    from gtrain.remote.sshconfig import write_ssh_config as write
+
+    try:
+        with lock:
+            write(store, exclude=exclude)
+    except (OSError, TypeError, ValueError) as e:
+        report.warn(f"could not write the ssh config: {e}")
+
+
+def wait_ssh(cluster: Cluster, store: StateStore, report: Reporter, lock: Any, *, host_keys: Callable[[Any], list[str]],
+             host_key_wait_s: float, ssh_timeout_s: float, poll_s: float, max_workers: int, hint: str,
+             key_source: str) -> None:
+    """Wait until every node of ``cluster`` answers over SSH (its ``meta["ssh"]`` target), pinning host keys
+    from ``host_keys(node)`` (the cloud's record of them) for up to ``host_key_wait_s``, else trusting on
+    first use; record the address each node gives itself (``hostname -I``) for the rendezvous."""
+    from gtrain.remote.ssh import SSHRunner, SSHTarget, pin_host_key, pinned_keys
+
+    nodes = store.nodes(cluster.id)
+
+    def one(node: Any) -> tuple[int, str | None]:
+        rank = node.rank
+        target = SSHTarget(**node.meta["ssh"])
+        started = time.monotonic()
+        pinned = bool(pinned_keys(target.host, target.port))
+        while not pinned and time.monotonic() - started < host_key_wait_s:
+            lines = host_keys(node)
+            if lines:
+                for line in lines:
+                    pin_host_key(target.host, target.port, line)
+                pinned = True
+                report.node(rank, f"host keys pinned from {key_source} ({len(lines)})")
+                break
+            time.sleep(min(5.0, poll_s))
+        if not pinned:
+            report.node(rank, f"no host keys in {key_source}; trusting the key on first use")
+        left = max(5.0, ssh_timeout_s - (time.monotonic() - started))
+        runner = SSHRunner(target, cluster=cluster.name, label=f"node {rank}", tofu=not pinned, connect_retry_s=left,
+                           on_new_host_key=lambda h, p, kt, fp: report.node(rank, f"host key {kt} {fp}"))
+        runner.connect()
+        # the address the node itself uses (the rendezvous binds it)
+        res = runner.run("hostname -I 2>/dev/null | awk '{print $1}'", check=False, timeout=60)
+        addr = res.stdout.strip()
+        report.node(rank, "ssh ready")
+        try:
+            ipaddress.ip_address(addr)
+        except ValueError:
+            return rank, None
+        return rank, addr
+
+    errors: list[str] = []
+    with ThreadPoolExecutor(min(max_workers, max(1, len(nodes)))) as pool:
+        futs = [pool.submit(one, n) for n in nodes]
+        for n, f in zip(nodes, futs, strict=True):
+            try:
+                rank, addr = f.result()
+            except RemoteError as e:
+                errors.append(f"node {n.rank}: {e.message}")
+                continue
+            if addr and addr != n.address:
+                with lock:
+                    store.upsert_node(cluster.id, rank, status=n.status, address=addr,
+                                      meta={**n.meta, "node_address": addr})
+    if errors:
+        raise RemoteError("nodes are running but not reachable over SSH:\n" + "\n".join(errors), hint=hint)
+
+
+# ---------------------------------------------------------------------------------------------- gc
+
+
+@dataclass
+class Orphan:
+    region: str  # the region (AWS), zone or "global" (GCP) the resource lives in
+    cluster_id: str
+    kind: str
+    id: str
+
+
+@dataclass
+class GCResult:
+    regions: list[str]
+    orphans: list[Orphan] = field(default_factory=list)
+    deleted: bool = False
+    left: list[str] = field(default_factory=list)  # what still exists after deleting
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def clusters(self) -> list[str]:
+        return sorted({o.cluster_id for o in self.orphans})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"regions": self.regions, "clusters": self.clusters, "deleted": self.deleted,
+                "orphans": [asdict(o) for o in self.orphans], "left": self.left, "warnings": self.warnings}
+
+
+def live_cluster_ids(store: StateStore, provider: str) -> set[str]:
+    """Ids of the clusters of ``provider`` that state still owns (anything not terminated)."""
+    return {c.id for c in store.list_clusters() if c.provider == provider}

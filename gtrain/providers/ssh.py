@@ -1,0 +1,265 @@
+"""The ``ssh`` provider: machines a team already has, reached over plain SSH (no Docker, no k3s).
+
+``up`` checks every host (reachable, python3, torch importable, GPUs, free disk) before it creates
+anything, pins each host key (from ``ssh.host_keys`` or trust-on-first-use, printing the fingerprint),
+then makes ``~/gtrain/<cluster>/`` on each host. ``down`` stops gtrain's jobs and removes gtrain's files;
+the machines stay. paramiko is imported only through :mod:`gtrain.remote.ssh`, and only when used.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import re
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from gtrain.errors import ConfigError, GtrainError, RemoteError
+from gtrain.providers.base import IntervalCost, NodeStatus, Plan, Provider
+from gtrain.remote.fanout import parallel
+
+if TYPE_CHECKING:
+    from gtrain.remote.base import Runner
+    from gtrain.remote.ssh import SSHRunner, SSHTarget
+    from gtrain.spec import ClusterSpec
+    from gtrain.state import Cluster, CostInterval
+
+_HOST_RE = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?P<host>\[[0-9a-fA-F:.]+\]|[^:\s@\[\]]+)(?::(?P<port>\d+))?$")
+
+
+class HostEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    host: str = Field(..., min_length=1)
+    user: str | None = None
+    port: int | None = Field(None, ge=1, le=65535)
+    identity_file: str | None = None
+    address: str | None = Field(None, description="the address the other nodes reach this one on")
+
+
+class SSHSection(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    user: str = Field(default_factory=getpass.getuser)
+    identity_file: str | None = None
+    port: int = Field(22, ge=1, le=65535)
+    hosts: list[HostEntry] = Field(..., min_length=1)
+    proxy_jump: str | None = None
+    proxy_command: str | None = None
+    host_keys: dict[str, str] = Field(default_factory=dict)
+    python: str = "python3"
+    root: str | None = Field(None, description="gtrain's directory on each host (default ~/gtrain/<cluster>)")
+    check_torch: bool = True
+
+    @field_validator("hosts", mode="before")
+    @classmethod
+    def _hosts(cls, v: Any) -> Any:
+        if not isinstance(v, list):
+            return v
+        out: list[Any] = []
+        for item in v:
+            if isinstance(item, str):
+                m = _HOST_RE.match(item.strip())
+                if not m:
+                    raise ValueError(f"{item!r} is not HOST, HOST:PORT or USER@HOST:PORT")
+                out.append({"host": m.group("host").strip("[]"), "user": m.group("user"),
+                            "port": int(m.group("port")) if m.group("port") else None})
+            else:
+                out.append(item)
+        return out
+
+    @field_validator("proxy_command")
+    @classmethod
+    def _one_proxy(cls, v: str | None, info: Any) -> str | None:
+        if v and info.data.get("proxy_jump"):
+            raise ValueError("give proxy_jump or proxy_command, not both")
+        return v
+
+
+def parse_section(spec: ClusterSpec) -> SSHSection:
+    from gtrain.spec import translate_validation_error
+
+    if spec.ssh is None:
+        raise ConfigError("provider ssh needs an `ssh:` section with `hosts:`", field="ssh",
+                          hint="ssh: {user: ubuntu, identity_file: ~/.ssh/id_ed25519, hosts: [10.0.0.5, 10.0.0.6]}")
+    try:
+        section = SSHSection.model_validate(spec.ssh)
+    except ValidationError as e:
+        err = translate_validation_error(e, SSHSection)
+        msg = err.message.replace("invalid spec: ", "invalid spec: ssh.").replace("; ", "; ssh.")
+        raise ConfigError(msg, hint=err.hint, field=f"ssh.{err.field}") from None
+    if spec.num_nodes > len(section.hosts):
+        raise ConfigError(
+            f"num_nodes: {spec.num_nodes}, but ssh.hosts lists {len(section.hosts)} host(s)",
+            hint="list more hosts, or lower num_nodes (the first num_nodes hosts are used)", field="num_nodes",
+        )
+    return section
+
+
+def target_for(section: SSHSection, entry: HostEntry) -> SSHTarget:
+    from gtrain.remote.ssh import SSHTarget
+
+    ident = entry.identity_file or section.identity_file
+    return SSHTarget(
+        host=entry.host, port=entry.port or section.port, user=entry.user or section.user,
+        identity_file=os.path.expanduser(ident) if ident else None,
+        proxy_jump=section.proxy_jump, proxy_command=section.proxy_command,
+    )
+
+
+def target_to_meta(t: SSHTarget) -> dict[str, Any]:
+    return {"host": t.host, "port": t.port, "user": t.user, "identity_file": t.identity_file,
+            "proxy_jump": t.proxy_jump, "proxy_command": t.proxy_command}
+
+
+def runner_from_meta(meta: dict[str, Any], *, rank: int, address: str | None, cluster: str) -> SSHRunner:
+    """The runner of a node recorded in state (used by every SSH-reached provider: ssh, aws, gcp)."""
+    from gtrain.remote.ssh import SSHRunner, SSHTarget
+
+    t = SSHTarget(**meta["ssh"])
+    # a node that was up: give up on it after 10 s of failed connects (up waits longer for boots)
+    return SSHRunner(t, cluster=cluster, root=meta.get("root"), label=f"node {rank}",
+                     address=address or t.host, python=meta.get("python", "python3"), connect_retry_s=10)
+
+
+class SSHProvider(Provider):
+    name = "ssh"
+
+    def plan(self, spec: ClusterSpec) -> Plan:
+        section = parse_section(spec)
+        hosts = [f"{(h.user or section.user)}@{h.host}:{h.port or section.port}" for h in section.hosts]
+        return Plan(
+            provider="ssh", num_nodes=spec.num_nodes, instance_type="ssh", market="owned",
+            gpu_name=spec.resources.gpu_name, gpus_per_node=spec.resources.gpus_per_node, price_per_hour=0.0,
+            max_hours=spec.policies.max_hours,
+            notes=[f"hosts: {', '.join(hosts[:spec.num_nodes])}", "machines you already have: no charge from gtrain"],
+        )
+
+    def provision(self, spec: ClusterSpec, cluster: Cluster, plan: Plan) -> None:
+        from gtrain.remote.ssh import SSHRunner, pin_host_key, pinned_keys
+
+        section = parse_section(spec)
+        entries = section.hosts[: spec.num_nodes]
+        targets = [target_for(section, e) for e in entries]
+        for key, line in section.host_keys.items():
+            host, _, port = key.rpartition(":") if re.search(r":\d+$", key) else (key, "", "")
+            pin_host_key(host, int(port) if port else section.port, line)
+
+        def on_new(host: str, port: int, keytype: str, fp: str) -> None:
+            self.report.info(f"trusting {host}:{port} on first use: {keytype} {fp}")
+
+        root = section.root or f"~/gtrain/{cluster.name}"
+        runners = [SSHRunner(t, cluster=cluster.name, root="/", label=f"node {i} ({t.display})",
+                             python=section.python, tofu=True, on_new_host_key=on_new)
+                   for i, t in enumerate(targets)]
+
+        def check(i: int) -> dict[str, Any]:
+            r = runners[i]
+            try:
+                res = r.run_python(_probe_source(), ["probe", root, "1" if section.check_torch else "0"],
+                                   timeout=180, check=False)
+            except RemoteError as e:
+                return {"error": e.message}
+            if res.rc == 127:
+                return {"error": f"{section.python} not found on the host (set ssh.python)"}
+            if res.rc != 0:
+                return {"error": f"{section.python} failed (exit {res.rc}): {res.stderr.strip()[-300:]}"}
+            import json
+
+            info: dict[str, Any] = json.loads(res.stdout)
+            if "torch_error" in info:
+                info["error"] = (f"torch is not importable with {section.python}: {info['torch_error']} "
+                                 "(install it there, or set ssh.python / ssh.check_torch: false)")
+            return info
+
+        self.report.info(f"checking {len(targets)} host(s)")
+        infos = parallel(check, list(range(len(targets))))
+        bad = [(i, info["error"]) for i, info in enumerate(infos) if "error" in info]
+        for i, info in enumerate(infos):
+            if "error" not in info:
+                self.report.node(i, f"{targets[i].display}: {info['hostname']}, python {info['python']}, "
+                                    f"torch {info.get('torch', '-')}, {info['gpus']} GPU(s), {info['free_gb']} GB free")
+        if bad:
+            lines = "; ".join(f"node {i} ({targets[i].display}): {why}" for i, why in bad)
+            raise RemoteError(f"{len(bad)} of {len(targets)} host(s) failed the checks, nothing was created: {lines}",
+                              hint="fix the host(s) and run `gtrain up` again")
+        for i, (t, info, entry) in enumerate(zip(targets, infos, entries, strict=True)):
+            node_root = str(info["root"])
+            rid = self.store.record_resource(cluster.id, "remote-dir", f"{t.display}:{node_root}")
+            runners[i].run(f"mkdir -p -m 700 {_q(node_root)}/workdir {_q(node_root)}/jobs")
+            self.store.mark_resource(rid, "created")
+            address = entry.address or _reachable(info.get("ssh_server_addr"), t.host)
+            self.store.upsert_node(cluster.id, i, status="up", address=address, instance_id=t.display,
+                                   meta={"ssh": target_to_meta(t), "root": node_root, "python": section.python,
+                                         "hostname": info["hostname"], "gpus": info["gpus"],
+                                         "host_keys": [k for k, _ in pinned_keys(t.host, t.port)]})
+        from gtrain.remote.sshconfig import write_ssh_config
+
+        path = write_ssh_config(self.store)
+        self.report.info(f"ssh config: {path} (add `Include {path}` to ~/.ssh/config for `ssh {cluster.name}-0`)")
+
+    def describe(self, cluster: Cluster) -> list[NodeStatus]:
+        runners = self.runners(cluster)
+
+        def one(i: int) -> NodeStatus:
+            try:
+                runners[i].run("true", timeout=30)
+                return NodeStatus(i, "running", runners[i].address)
+            except GtrainError as e:
+                return NodeStatus(i, "unreachable", runners[i].address, e.message)
+
+        return parallel(one, list(range(len(runners))))
+
+    def terminate(self, cluster: Cluster) -> None:
+        nodes = {n.rank: n for n in self.store.nodes(cluster.id)}
+        runners = {i: self._runner(cluster, n) for i, n in nodes.items()}
+        live = self.store.resources(cluster.id, live_only=True)
+
+        def remove(res: Any) -> None:
+            node = next((n for n in nodes.values() if res.ref == f"{n.instance_id}:{n.meta.get('root')}"), None)
+            if node is None:
+                self.store.mark_resource(res.id, "deleted")
+                return
+            try:
+                runners[node.rank].call("remove_tree", str(node.meta["root"]), timeout=120)
+                self.store.mark_resource(res.id, "deleted")
+            except GtrainError as e:
+                self.store.mark_resource(res.id, "unreachable")
+                self.report.warn(f"node {node.rank}: could not remove {node.meta.get('root')}: {e.message} "
+                                 "(the machine is yours; nothing there costs gtrain money)")
+
+        parallel(remove, live)
+        from gtrain.remote.sshconfig import write_ssh_config
+
+        write_ssh_config(self.store, exclude=cluster.id)
+
+    def _runner(self, cluster: Cluster, node: Any) -> SSHRunner:
+        return runner_from_meta(node.meta, rank=node.rank, address=node.address, cluster=cluster.name)
+
+    def runners(self, cluster: Cluster) -> list[Runner]:
+        return [self._runner(cluster, n) for n in self.store.nodes(cluster.id)]
+
+    def price(self, cluster: Cluster, interval: CostInterval) -> IntervalCost:
+        return IntervalCost(0.0, note="your own machines: no charge from gtrain")
+
+
+def _reachable(server_addr: object, host: str) -> str:
+    """The address the other nodes should use: the one our SSH connection arrived on, unless that is
+    loopback while the host was named otherwise (a tunnel), in which case the name we were given."""
+    if isinstance(server_addr, str) and server_addr:
+        if not server_addr.startswith("127.") and server_addr != "::1":
+            return server_addr
+        if host in ("localhost", "127.0.0.1", "::1") or host.startswith("127."):
+            return server_addr
+    return host
+
+
+def _q(s: str) -> str:
+    import shlex
+
+    return shlex.quote(s)
+
+
+def _probe_source() -> str:
+    from gtrain.remote.base import nodeside_source
+
+    return nodeside_source()

@@ -1,0 +1,361 @@
+"""``gtrain sync`` against a real moto S3 server over HTTP (one server per run: tests/fixtures/moto_server.py).
+
+Nothing is mocked: boto3 talks HTTP to moto, files are real, an interrupted sync is a real killed process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gtrain.errors import ConfigError, CredentialsError, SyncError
+from gtrain.sync.objstore import TMP_TAG, ProgressEvent, sync
+
+MiB = 1024 * 1024
+SMALL_PARTS = {"multipart_threshold": 5 * MiB, "part_size": 5 * MiB}  # S3's minimum part size
+
+
+@pytest.fixture
+def s3(moto_server: str) -> Any:
+    import boto3
+
+    return boto3.client("s3")
+
+
+@pytest.fixture
+def bucket(s3: Any) -> Iterator[str]:
+    name = f"gt-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=name)
+    yield name
+
+
+def make_tree(root: Path, n: int = 20, size: int = 700) -> dict[str, bytes]:
+    files = {f"f{i:04d}.bin": os.urandom(size + i) for i in range(n)}
+    files["nested/deeper/a.txt"] = b"hello\n"
+    files["nested/empty"] = b""
+    files["with space/ünï.txt"] = "ünïcode".encode()
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return files
+
+
+def read_tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def remote_tree(s3: Any, bucket: str, prefix: str = "") -> dict[str, bytes]:
+    out = {}
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for o in page.get("Contents", []):
+            out[o["Key"]] = s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].read()
+    return out
+
+
+def leftovers(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if TMP_TAG in p.name]
+
+
+def test_upload_download_roundtrip_and_noop_resync(tmp_path: Path, s3: Any, bucket: str) -> None:
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    files = make_tree(src)
+    url = f"s3://{bucket}/runs/r1"
+
+    up = sync(str(src), url)
+    assert (up.direction, up.uploaded, up.skipped, up.deleted) == ("upload", len(files), 0, 0)
+    assert up.bytes == sum(len(v) for v in files.values())
+    remote = remote_tree(s3, bucket)
+    assert remote == {f"runs/r1/{k}": v for k, v in files.items()}
+    head = s3.head_object(Bucket=bucket, Key="runs/r1/nested/deeper/a.txt")
+    assert head["Metadata"]["gtrain-sha256"] == hashlib.sha256(b"hello\n").hexdigest()
+
+    down = sync(url + "/", str(dst))  # a trailing slash names the same prefix
+    assert (down.direction, down.downloaded, down.skipped) == ("download", len(files), 0)
+    assert read_tree(dst) == files
+    assert leftovers(dst) == []
+
+    again_up = sync(str(src), url)
+    again_down = sync(url, str(dst))
+    for r in (again_up, again_down):
+        assert (r.uploaded, r.downloaded, r.deleted, r.hashed, r.skipped) == (0, 0, 0, 0, len(files))
+
+
+def test_noop_resync_of_1000_files_is_one_listing_under_a_second(tmp_path: Path, bucket: str,
+                                                                moto_server: str) -> None:
+    import boto3
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(1000):
+        (src / f"s{i:04d}").write_bytes(b"x" * (i % 97))
+    url = f"s3://{bucket}/many"
+    assert sync(str(src), url).uploaded == 1000
+
+    times, requests = [], []
+
+    def client() -> Any:
+        c = boto3.client("s3")
+        c.meta.events.register("before-send.s3", lambda request, **_: requests.append(request.method))
+        return c
+
+    for _ in range(2):  # the best of two fresh runs (client made inside the timing): CI machines are shared
+        requests.clear()
+        t0 = time.monotonic()
+        r = sync(str(src), url, client_factory=client)
+        times.append(time.monotonic() - t0)
+        assert (r.uploaded, r.skipped, r.hashed) == (0, 1000, 0)
+        assert requests == ["GET"]  # one ListObjectsV2 page, no per-file HEAD
+    print(f"\nS3 no-change re-sync of 1000 files: {' / '.join(f'{t:.3f}s' for t in times)}")
+    assert min(times) < 1.0
+
+
+def test_changed_files_move_both_ways(tmp_path: Path, s3: Any, bucket: str) -> None:
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    files = make_tree(src, n=5)
+    url = f"s3://{bucket}/p"
+    sync(str(src), url)
+    sync(url, str(dst))
+
+    (src / "f0001.bin").write_bytes(b"y" * len(files["f0001.bin"]))  # same size, new content
+    (src / "nested/deeper/a.txt").write_bytes(b"longer now\n")
+    r = sync(str(src), url)
+    assert (r.uploaded, r.skipped) == (2, len(files) - 2)
+    assert sorted(a.path for a in r.actions) == ["f0001.bin", "nested/deeper/a.txt"]
+    assert all(a.reason == "changed" for a in r.actions)
+    assert s3.get_object(Bucket=bucket, Key="p/f0001.bin")["Body"].read() == b"y" * len(files["f0001.bin"])
+
+    s3.put_object(Bucket=bucket, Key="p/f0002.bin", Body=b"changed behind gtrain's back")
+    r = sync(url, str(dst))
+    assert r.downloaded == 3  # the two uploads and the outside change
+    assert read_tree(dst) == read_tree(src) | {"f0002.bin": b"changed behind gtrain's back"}
+
+
+def test_delete_mirrors_within_the_prefix_only(tmp_path: Path, s3: Any, bucket: str) -> None:
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    make_tree(src, n=3)
+    url = f"s3://{bucket}/run1"
+    sync(str(src), url)
+    for key in ("run1/stale.bin", "run1/old/deep.bin", "run10/sibling.bin", "other.bin"):
+        s3.put_object(Bucket=bucket, Key=key, Body=b"z")
+
+    r = sync(str(src), url)  # without --delete nothing goes
+    assert r.deleted == 0 and "run1/stale.bin" in remote_tree(s3, bucket)
+    r = sync(str(src), url, delete=True)
+    assert r.deleted == 2
+    keys = set(remote_tree(s3, bucket))
+    assert "run10/sibling.bin" in keys and "other.bin" in keys
+    assert not any(k.startswith(("run1/stale", "run1/old/")) for k in keys)
+
+    sync(url, str(dst))
+    (dst / "extra").mkdir()
+    (dst / "extra/local-only.txt").write_bytes(b"l")
+    (dst / "loose.txt").write_bytes(b"l")
+    outside = tmp_path / "outside.txt"
+    outside.write_bytes(b"keep")
+    (dst / "link-out").symlink_to(outside)
+    r = sync(url, str(dst), delete=True)
+    assert r.deleted == 3
+    assert not (dst / "extra").exists() and not (dst / "loose.txt").exists() and not (dst / "link-out").exists()
+    assert outside.read_bytes() == b"keep"
+    assert read_tree(dst) == read_tree(src)
+
+
+def test_dry_run_changes_nothing(tmp_path: Path, s3: Any, bucket: str, gtrain_home: Path) -> None:
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    files = make_tree(src, n=4)
+    url = f"s3://{bucket}/d"
+    r = sync(str(src), url, dry_run=True)
+    assert r.dry_run and r.uploaded == len(files)
+    assert sorted(a.path for a in r.actions) == sorted(files)
+    assert {a.kind for a in r.actions} == {"upload"}
+    assert remote_tree(s3, bucket) == {}
+    assert not (gtrain_home / "sync").exists()
+
+    sync(str(src), url)
+    s3.put_object(Bucket=bucket, Key="d/remote-only", Body=b"r")
+    (src / "f0000.bin").write_bytes(b"changed")
+    before = remote_tree(s3, bucket)
+    r = sync(str(src), url, delete=True, dry_run=True)
+    assert [(a.kind, a.path) for a in r.actions] == [("delete-remote", "remote-only"), ("upload", "f0000.bin")]
+    assert remote_tree(s3, bucket) == before
+
+    r = sync(url, str(dst), dry_run=True)
+    assert r.downloaded == len(files) + 1 and not dst.exists()
+
+
+def test_large_file_multipart_both_ways_with_progress(tmp_path: Path, s3: Any, bucket: str) -> None:
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    big = os.urandom(20 * MiB + 123)
+    (src / "ckpt.pt").write_bytes(big)
+    (src / "small.json").write_bytes(b"{}")
+    events: list[ProgressEvent] = []
+    url = f"s3://{bucket}/ckpt"
+
+    r = sync(str(src), url, on_progress=events.append, **SMALL_PARTS)
+    assert r.uploaded == 2
+    head = s3.head_object(Bucket=bucket, Key="ckpt/ckpt.pt")
+    assert head["ETag"].strip('"').endswith("-5")  # 5 parts of 5 MiB: it went multipart
+    assert head["Metadata"]["gtrain-sha256"] == hashlib.sha256(big).hexdigest()
+    done = [e for e in events if e.phase == "transfer"]
+    assert done and [e.bytes_done for e in done] == sorted(e.bytes_done for e in done)
+    assert events[-1].phase == "done"
+    assert (events[-1].bytes_done, events[-1].files_done) == (len(big) + 2, 2) == (events[-1].bytes_total,
+                                                                                  events[-1].files_total)
+
+    events.clear()
+    r = sync(url, str(dst), on_progress=events.append, **SMALL_PARTS)
+    assert r.downloaded == 2 and (dst / "ckpt.pt").read_bytes() == big
+    assert events[-1].bytes_done == len(big) + 2
+    assert leftovers(dst) == []
+
+
+@pytest.mark.parametrize("size", [1000, 6 * MiB], ids=["single-get", "multipart-get"])
+def test_corrupted_object_is_refused_and_not_kept(tmp_path: Path, s3: Any, bucket: str, size: int) -> None:
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    (src / "good.bin").write_bytes(b"g")
+    (src / "model.bin").write_bytes(os.urandom(size))
+    url = f"s3://{bucket}/c"
+    sync(str(src), url, **SMALL_PARTS)
+    # rewritten behind gtrain's back: other bytes, the old sha256 in the metadata
+    old_sha = s3.head_object(Bucket=bucket, Key="c/model.bin")["Metadata"]["gtrain-sha256"]
+    s3.put_object(Bucket=bucket, Key="c/model.bin", Body=os.urandom(size), Metadata={"gtrain-sha256": old_sha})
+
+    with pytest.raises(SyncError, match="model.bin.*does not match its gtrain-sha256"):
+        sync(url, str(dst), **SMALL_PARTS)
+    assert not (dst / "model.bin").exists()
+    assert (dst / "good.bin").read_bytes() == b"g"  # the others still arrived
+    assert leftovers(dst) == []
+
+
+KILL_AFTER = textwrap.dedent("""
+    import os, sys
+    from gtrain.sync.objstore import sync
+    src, dst, key, limit = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    def die(ev):
+        if getattr(ev, key) >= limit:
+            os._exit(17)  # a crash mid-sync: no cleanup, no manifest close
+    sync(src, dst, workers=4, on_progress=die, multipart_threshold=5 << 20, part_size=5 << 20)
+""")
+
+
+def run_killed(repo_root: Path, src: str, dst: str, key: str, limit: int) -> None:
+    p = subprocess.run([sys.executable, "-c", KILL_AFTER, src, dst, key, str(limit)], cwd=repo_root,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 17, p.stderr
+
+
+def test_interrupted_upload_resumes(tmp_path: Path, s3: Any, bucket: str, repo_root: Path) -> None:
+    src = tmp_path / "src"
+    files = make_tree(src, n=200)
+    url = f"s3://{bucket}/resume"
+    run_killed(repo_root, str(src), url, "files_done", 40)
+    landed = len(remote_tree(s3, bucket))
+    assert 40 <= landed < len(files)
+
+    r = sync(str(src), url)
+    assert 0 < r.uploaded <= len(files) - 40 + 4  # only what was missing (+ what was in flight)
+    assert r.uploaded + r.skipped == len(files)
+    assert remote_tree(s3, bucket) == {f"resume/{k}": v for k, v in files.items()}
+    assert sync(str(src), url).uploaded == 0
+
+
+def test_interrupted_download_resumes_and_cleans_temp_files(tmp_path: Path, s3: Any, bucket: str,
+                                                            repo_root: Path) -> None:
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    files = make_tree(src, n=30)
+    files["big.pt"] = os.urandom(12 * MiB)
+    (src / "big.pt").write_bytes(files["big.pt"])
+    url = f"s3://{bucket}/dl"
+    sync(str(src), url, **SMALL_PARTS)
+
+    run_killed(repo_root, url, str(dst), "bytes_done", 6 * MiB)  # dies inside the big file's parts
+    partial = read_tree(dst)
+    for rel, data in partial.items():  # whatever has a final name is complete
+        if TMP_TAG not in rel:
+            assert files[rel] == data
+
+    r = sync(url, str(dst), **SMALL_PARTS)
+    assert r.downloaded + r.skipped == len(files) and r.downloaded < len(files)
+    assert leftovers(dst) == []
+    assert read_tree(dst) == files
+
+
+def test_keys_escaping_the_destination_are_refused(tmp_path: Path, s3: Any, bucket: str) -> None:
+    dst = tmp_path / "deep" / "dst"
+    s3.put_object(Bucket=bucket, Key="p/ok.txt", Body=b"ok")
+    s3.put_object(Bucket=bucket, Key="p/../../evil.txt", Body=b"evil")
+    with pytest.raises(SyncError, match=r"p/\.\./\.\./evil\.txt"):
+        sync(f"s3://{bucket}/p", str(dst))
+    assert not dst.exists()
+    assert list(tmp_path.rglob("evil*")) == []
+
+    s3.delete_object(Bucket=bucket, Key="p/../../evil.txt")
+    s3.put_object(Bucket=bucket, Key="p//etc/passwd", Body=b"evil")
+    with pytest.raises(SyncError, match="outside the destination"):
+        sync(f"s3://{bucket}/p", str(dst))
+    assert not dst.exists()
+
+
+def test_missing_bucket_is_a_config_error_naming_it(tmp_path: Path, moto_server: str) -> None:
+    (tmp_path / "src").mkdir()
+    name = f"no-such-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(ConfigError, match=name) as e:
+        sync(str(tmp_path / "src"), f"s3://{name}/x")
+    assert e.value.field == "DST"
+    with pytest.raises(ConfigError, match=name) as e:
+        sync(f"s3://{name}/x", str(tmp_path / "dst"))
+    assert e.value.field == "SRC"
+    assert not (tmp_path / "dst").exists()
+
+
+def test_no_credentials_is_a_credentials_error(tmp_path: Path, moto_server: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    (tmp_path / "src").mkdir()
+    with pytest.raises(CredentialsError) as e:
+        sync(str(tmp_path / "src"), "s3://some-bucket/x")
+    assert e.value.hint and "AWS_ACCESS_KEY_ID" in e.value.hint
+
+
+@pytest.mark.parametrize(("src", "dst", "field", "match"), [
+    ("LOCAL", "s3://", "DST", "no bucket"),
+    ("LOCAL", "s3:///prefix", "DST", "no bucket"),
+    ("LOCAL", "s3:/bucket/x", "DST", "malformed"),
+    ("LOCAL", "S3://bucket/x", "DST", "lower case"),
+    ("LOCAL", "gcs://bucket/x", "DST", "gs://"),
+    ("LOCAL", "ftp://bucket/x", "DST", "unsupported"),
+    ("LOCAL", "s3://Bad_Bucket/x", "DST", "not a valid S3 bucket"),
+    ("LOCAL", "s3://ab/x", "DST", "not a valid S3 bucket"),
+    ("LOCAL", "s3://bucket/a//b", "DST", "empty"),
+    ("LOCAL", "s3://bucket/a/../b", "DST", r"'\.\.'"),
+    ("s3://bucket/x", "s3://bucket/y", "DST", "bucket-to-bucket"),
+    ("LOCAL", "LOCAL2", "DST", "neither side"),
+    ("", "s3://bucket/x", "SRC", "empty"),
+    ("MISSING", "s3://bucket/x", "SRC", "does not exist"),
+    ("FILE", "s3://bucket/x", "SRC", "not a directory"),
+    ("s3://bucket/x", "FILE", "DST", "not a directory"),
+])
+def test_bad_locations_are_config_errors(tmp_path: Path, src: str, dst: str, field: str, match: str) -> None:
+    (tmp_path / "local").mkdir()
+    (tmp_path / "file").write_bytes(b"f")
+    subst = {"LOCAL": tmp_path / "local", "LOCAL2": tmp_path / "local2", "MISSING": tmp_path / "missing",
+             "FILE": tmp_path / "file"}
+    with pytest.raises(ConfigError) as e:
+        sync(str(subst.get(src, src)), str(subst.get(dst, dst)))
+    assert re.search(match, f"{e.value.message} (hint: {e.value.hint})"), e.value.message
+    assert e.value.field == field
