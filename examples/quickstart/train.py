@@ -1,7 +1,8 @@
 """Quickstart: a tiny MLP learns y = sin(x·w) on data it generates, with DDP across every rank.
 
 - gloo on CPU, nccl when CUDA is there; torchrun (via gtrain) sets RANK, WORLD_SIZE, MASTER_ADDR, ...
-- rank 0 saves a checkpoint every --ckpt-every steps into $GTRAIN_CHECKPOINT_DIR (atomically);
+- every node saves a checkpoint (from its local rank 0) every --ckpt-every steps into $GTRAIN_CHECKPOINT_DIR,
+  atomically: nodes don't share a disk, and torchrun's rendezvous may put global rank 0 on any node next time;
 - when restarted it resumes from the newest checkpoint, so a preempted or re-launched job goes on.
 """
 
@@ -48,6 +49,11 @@ def main() -> int:
         start = int(state["step"])
         if rank == 0:
             print(f"resumed from {ckpts[-1]} at step {start}", flush=True)
+    # every rank must start from the same step: the newest checkpoint any node has
+    agreed = torch.tensor([start], device=device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+    if int(agreed.item()) != start:
+        raise SystemExit(f"nodes disagree on the newest checkpoint ({start} here, {int(agreed.item())} elsewhere)")
     ddp = DDP(model, device_ids=[local] if cuda else None)
 
     w_true = (0.3 * torch.randn(16, generator=torch.Generator().manual_seed(42))).to(device)
@@ -71,11 +77,12 @@ def main() -> int:
             dist.all_reduce(avg)
             if rank == 0:
                 print(f"step {step:4d}  loss {avg.item() / world:.4f}", flush=True)
-        if rank == 0 and ((step + 1) % args.ckpt_every == 0 or step + 1 == args.steps):
+        if local == 0 and ((step + 1) % args.ckpt_every == 0 or step + 1 == args.steps):
             path = os.path.join(ckpt_dir, f"step-{step + 1:06d}.pt")
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step + 1}, path + ".tmp")
             os.replace(path + ".tmp", path)
-            print(f"saved {path}", flush=True)
+            if rank == 0:
+                print(f"saved {path} (on every node)", flush=True)
     dist.barrier()
     if rank == 0:
         print(f"done: {args.steps - start} steps in {time.time() - t0:.2f}s on {world} ranks", flush=True)

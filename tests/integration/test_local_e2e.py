@@ -170,3 +170,28 @@ def test_run_one_command_then_down_twice(workdir: Path, gtrain_home: Path, tmp_p
     assert not (gtrain_home / "clusters" / "oneshot").exists()
     r2 = cli("down", "oneshot")
     assert r2.returncode == 0 and "already down" in r2.stdout
+
+
+def test_quickstart_example_trains_checkpoints_and_resumes(gtrain_home: Path, repo_root: Path, tmp_path: Path) -> None:
+    """The README's main job: loss falls, every node checkpoints, a second launch resumes."""
+    from gtrain.spec import load_spec
+
+    spec = load_spec(repo_root / "examples" / "quickstart" / "spec.yaml", name="qs-test")
+    assert spec.job is not None
+    gtrain.up(spec)
+    try:
+        lines: list[LogLine] = []
+        first = gtrain.launch(spec.model_copy(update={"job": spec.job.model_copy(
+            update={"run": "train.py --steps 20 --ckpt-every 10"})}))
+        assert gtrain.wait("qs-test", job_id=first.job_id, on_line=lines.append).exit_code == 0
+        losses = [float(ln.text.split()[-1]) for ln in lines if "loss" in ln.text]
+        assert len(losses) >= 4 and losses[-1] < losses[0]
+        lines.clear()
+        second = gtrain.launch(spec.model_copy(update={"job": spec.job.model_copy(
+            update={"run": "train.py --steps 30 --ckpt-every 10"})}))
+        assert gtrain.wait("qs-test", job_id=second.job_id, on_line=lines.append).exit_code == 0
+        assert any("resumed from step-000020.pt at step 20" in ln.text for ln in lines)
+        pulled = gtrain.pull("qs-test", to=tmp_path / "qs")
+        assert {"step-000010.pt", "step-000020.pt", "step-000030.pt"} <= set(pulled.transferred)
+    finally:
+        gtrain.down("qs-test")
