@@ -71,6 +71,29 @@ class Resources(_Model):
         return [self.region] if self.region else []
 
 
+class DataEntry(_Model):
+    """A dataset the nodes download at launch, with their own credentials (an instance role on a cloud)."""
+
+    src: str = Field(..., description="s3://bucket/prefix or gs://bucket/prefix")
+    dst: str = Field(..., description="folder inside the workdir")
+    delete: bool = Field(False, description="mirror: remove files under dst that src lacks")
+
+    @field_validator("src")
+    @classmethod
+    def _src(cls, v: str) -> str:
+        if not re.match(r"^(s3|gs)://[a-z0-9][a-z0-9._-]{1,221}(/.*)?$", v):
+            raise ValueError("must be s3://bucket[/prefix] or gs://bucket[/prefix]")
+        return v
+
+    @field_validator("dst")
+    @classmethod
+    def _dst(cls, v: str) -> str:
+        p = Path(v)
+        if not v or p.is_absolute() or ".." in p.parts:
+            raise ValueError("must be a folder inside the workdir, relative, without '..' (e.g. data)")
+        return p.as_posix()
+
+
 class Job(_Model):
     workdir: str = "."
     setup: str | None = None
@@ -79,6 +102,7 @@ class Job(_Model):
     env: dict[str, str] = Field(default_factory=dict)
     secrets: list[str] = Field(default_factory=list, description="names of local env vars passed to every rank")
     checkpoint_dir: str = "checkpoints"
+    data: list[DataEntry] = Field(default_factory=list, description="datasets each node downloads at launch")
     max_restarts: int = Field(0, ge=0, le=100)
     python: str | None = Field(None, description="interpreter on the nodes (default: python3; local: this one)")
 

@@ -139,6 +139,8 @@ def launch(cluster: Cluster, spec: ClusterSpec, ctx: Context, *, force: bool = F
             return moved
 
         parallel(prepare, list(range(len(runners))))
+        if job.data:
+            fetch_data(job, runners, ctxs, secret_in, ctx)
         if job.setup:
             ctx.report.info("running setup on every node")
 
@@ -165,17 +167,50 @@ def launch(cluster: Cluster, spec: ClusterSpec, ctx: Context, *, force: bool = F
             r.start_detached(f"exec bash {q}/launch.sh >{q}/node.log 2>&1", stdin=secret_in)
 
         parallel(start, list(range(len(runners))))
-    except BaseException:
-        ctx.store.update_job(job_id, status="failed", exit_code=1)
+    except BaseException as exc:
         # don't leave half a job behind on the nodes that did start
         try:
             parallel(lambda r: r.call("cancel", job_dir(r, job_id), "2"), runners)
         except Exception:  # noqa: BLE001 - best effort; the original error is what matters
             pass
+        reason = exc.message if isinstance(exc, GtrainError) else type(exc).__name__
+        ctx.store.update_job(job_id, status="failed", exit_code=1,
+                             info={**ctx.store.get_job(job_id).info, "final": True, "error": reason})
         raise
     ctx.store.update_job(job_id, status="running")
     ctx.report.info(f"job {job_id} started on {len(runners)} node(s), rendezvous {ctxs[0].master_addr}:{master_port}")
     return LaunchResult(job_id, cluster.name, "running", master=f"{ctxs[0].master_addr}:{master_port}")
+
+
+def fetch_data(job: Job, runners: list[Runner], ctxs: list[NodeContext], secret_in: bytes, ctx: Context) -> None:
+    """Every node downloads job.data itself, in parallel, with its own credentials."""
+    import json
+
+    from gtrain.errors import RemoteCommandError, SyncError
+    from gtrain.jobs import data
+    from gtrain.jobs.render import render
+
+    ctx.report.info(f"downloading {len(job.data)} dataset(s) on every node")
+
+    def one(i: int) -> None:
+        r, c = runners[i], ctxs[i]
+        bundle_path = f"{r.root}/gtrain-sync.pyz"
+        r.write_file(bundle_path, data.bundle(), 0o600)
+        script = render("data.sh", c, bundle=bundle_path, data_main=data.DATA_MAIN,
+                        data_json=data.entries_json(job.data, c.workdir))
+        r.write_file(f"{c.job_dir}/data.sh", script.encode(), 0o700)
+        res = r.run(f"bash {shlex.quote(c.job_dir)}/data.sh", stdin=secret_in, check=False, timeout=6 * 3600)
+        last = (res.stdout.strip().splitlines() or [""])[-1]
+        try:
+            doc = json.loads(last)
+        except ValueError:
+            raise RemoteCommandError(r.label, "job.data download", res.rc, res.stderr[-2000:]) from None
+        if "error" in doc:
+            raise SyncError(f"node {i}: job.data: {doc['error']}", hint=doc.get("hint"))
+        for d in doc["results"]:
+            ctx.report.node(i, f"{d['src']} -> {d['dst']}: {d['downloaded']} downloaded, {d['skipped']} unchanged")
+
+    parallel(one, list(range(len(runners))))
 
 
 # ---- the truth from the nodes ----------------------------------------------------------------------

@@ -9,7 +9,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-SCRIPTS = ("launch.sh", "rank.sh", "setup.sh")
+SCRIPTS = ("launch.sh", "rank.sh", "setup.sh", "data.sh")
 
 
 def templates_dir() -> Path:
@@ -62,8 +62,8 @@ class NodeContext:
     join_timeout: int = 300
 
 
-def render(name: str, ctx: NodeContext) -> str:
-    return str(_env().get_template(f"{name}.j2").render(**asdict(ctx)))
+def render(name: str, ctx: NodeContext, **extra: Any) -> str:
+    return str(_env().get_template(f"{name}.j2").render(**asdict(ctx), **extra))
 
 
 def render_all(ctx: NodeContext) -> dict[str, str]:

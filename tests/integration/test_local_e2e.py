@@ -15,6 +15,7 @@ import pytest
 
 import gtrain
 from gtrain.errors import JobConflict
+from gtrain.events import Reporter
 from gtrain.jobs.lifecycle import LogLine
 
 JOBS = Path(__file__).parent / "jobs"
@@ -195,3 +196,63 @@ def test_quickstart_example_trains_checkpoints_and_resumes(gtrain_home: Path, re
         assert {"step-000010.pt", "step-000020.pt", "step-000030.pt"} <= set(pulled.transferred)
     finally:
         gtrain.down("qs-test")
+
+
+def test_job_data_downloaded_on_every_node_from_s3(moto_server: str, gtrain_home: Path, tmp_path: Path,
+                                                   workdir: Path) -> None:
+    """job.data: each node fetches s3://… itself (gtrain's sync engine shipped as a zip), before setup."""
+    import boto3
+
+    s3 = boto3.client("s3", region_name="us-east-1")
+    s3.create_bucket(Bucket="gtrain-data")
+    for i in range(5):
+        s3.put_object(Bucket="gtrain-data", Key=f"ds/part-{i}.txt", Body=f"row {i}\n".encode())
+    spec = write_spec(workdir, "withdata", "probe.py", data=[{"src": "s3://gtrain-data/ds", "dst": "data"}],
+                      setup="test $(ls data | wc -l) = 5 && cat data/part-3.txt",
+                      secrets=["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"])
+    raw = json.loads(spec.read_text())
+    raw["job"]["env"]["AWS_ENDPOINT_URL"] = os.environ["AWS_ENDPOINT_URL"]
+    spec.write_text(json.dumps(raw))
+    gtrain.up(spec)
+    try:
+        lines: list[str] = []
+
+        class Rep(Reporter):
+            def line(self, node: int, rank: int | None, text: str) -> None:
+                lines.append(f"{node}:{text}")
+
+            def node(self, rank: int, msg: str) -> None:
+                lines.append(f"{rank}:{msg}")
+
+        job = gtrain.launch(spec, report=Rep())
+        assert gtrain.wait("withdata", job_id=job.job_id).status == "succeeded"
+        assert sorted(ln for ln in lines if ln.endswith("row 3")) == ["0:row 3", "1:row 3"]
+        assert sum("5 downloaded" in ln for ln in lines) == 2
+        for k in (0, 1):
+            got = gtrain_home / "clusters" / "withdata" / f"node-{k}" / "workdir" / "data"
+            assert sorted(p.name for p in got.iterdir()) == [f"part-{i}.txt" for i in range(5)]
+        # a re-launch downloads nothing new; the secret never reached the rendered script
+        lines.clear()
+        job2 = gtrain.launch(spec, report=Rep())
+        assert gtrain.wait("withdata", job_id=job2.job_id).status == "succeeded"
+        assert sum("0 downloaded, 5 unchanged" in ln for ln in lines) == 2
+        secret = os.environ["AWS_SECRET_ACCESS_KEY"].encode()
+        for p in (gtrain_home / "clusters" / "withdata").rglob("*.sh"):
+            assert secret not in p.read_bytes()
+    finally:
+        gtrain.down("withdata")
+
+
+def test_job_data_bad_bucket_fails_launch_clearly(moto_server: str, gtrain_home: Path, workdir: Path) -> None:
+    spec = write_spec(workdir, "nodata", "probe.py", data=[{"src": "s3://no-such-bucket-x/ds", "dst": "data"}],
+                      secrets=["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"])
+    raw = json.loads(spec.read_text())
+    raw["job"]["env"]["AWS_ENDPOINT_URL"] = os.environ["AWS_ENDPOINT_URL"]
+    spec.write_text(json.dumps(raw))
+    gtrain.up(spec)
+    try:
+        r = cli("launch", str(spec))
+        assert r.returncode == 1 and "no-such-bucket-x" in r.stderr and "job.data" in r.stderr, r.stderr
+        assert json.loads(cli("status", "nodata", "--json").stdout)["jobs"][-1]["status"] == "failed"
+    finally:
+        gtrain.down("nodata")

@@ -81,3 +81,33 @@ def test_every_value_arrives_byte_for_byte_and_runs_nothing(tmp_path: Path) -> N
 def test_secret_values_never_rendered() -> None:
     for text in render_all(ctx(secret_names=["HF_TOKEN", "WANDB_API_KEY"])).values():
         assert "HF_TOKEN" not in text or "HF_TOKEN|WANDB_API_KEY)" in text or "HF_TOKEN)" in text
+
+
+def test_data_script_golden_and_quoted() -> None:
+    from gtrain.jobs.data import DATA_MAIN, bundle, entries_json
+    from gtrain.jobs.render import render
+    from gtrain.spec import DataEntry
+
+    entries = [DataEntry(src="s3://bucket/ds", dst="data/a b")]
+    got = render("data.sh", ctx(), bundle="/home/u/gtrain/demo/gtrain-sync.pyz", data_main=DATA_MAIN,
+                 data_json=entries_json(entries, "/home/u/gtrain/demo/workdir"))
+    golden = GOLDEN / "data.sh"
+    if os.environ.get("GTRAIN_UPDATE_GOLDEN") == "1":
+        golden.write_text(got)
+    assert got == golden.read_text()
+    import zipfile
+    from io import BytesIO
+
+    names = zipfile.ZipFile(BytesIO(bundle())).namelist()
+    assert "gtrain/sync/objstore.py" in names and "gtrain/cli/app.py" not in names
+    assert bundle() == bundle()
+
+
+@pytest.mark.parametrize("bad", [{"src": "http://x/y", "dst": "d"}, {"src": "s3://b/p", "dst": "../x"},
+                                 {"src": "s3://b/p", "dst": "/abs"}])
+def test_data_entry_validation(bad: dict) -> None:  # type: ignore[type-arg]
+    from gtrain.errors import ConfigError
+    from gtrain.spec import parse_spec
+
+    with pytest.raises(ConfigError, match=r"job\.data\[0\]\.(src|dst)"):
+        parse_spec({"name": "x", "job": {"run": "t.py", "data": [bad]}})

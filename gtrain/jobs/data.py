@@ -1,0 +1,52 @@
+"""``job.data``: datasets every node downloads at launch, with the node's own credentials.
+
+A node has python3 (and, for the cloud it reads from, boto3 or google-cloud-storage), not gtrain. So the
+few pure-Python modules of gtrain's sync engine travel to the node as a zip (``gtrain-sync.pyz``) and run
+there: the same incremental, verified, resumable engine as ``gtrain sync``, never the user's keys.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from functools import lru_cache
+from pathlib import Path
+
+from gtrain.spec import DataEntry
+
+_MODULES = ("__init__.py", "errors.py", "sync/__init__.py", "sync/objstore.py", "sync/s3.py", "sync/gcs.py")
+
+# Runs on the node: python3 -c DATA_MAIN BUNDLE ENTRIES_JSON. One JSON line out; exit 3 on a gtrain error.
+DATA_MAIN = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from gtrain.errors import GtrainError
+from gtrain.sync.objstore import sync
+out = []
+try:
+    for e in json.loads(sys.argv[2]):
+        r = sync(e["src"], e["dst"], delete=e["delete"])
+        out.append({"src": e["src"], "dst": e["dst"], "downloaded": r.downloaded, "skipped": r.skipped,
+                    "deleted": r.deleted, "bytes": r.bytes, "seconds": round(r.seconds, 3)})
+except GtrainError as e:
+    print(json.dumps({"error": e.message, "hint": e.hint}))
+    sys.exit(3)
+print(json.dumps({"results": out}))
+"""
+
+
+@lru_cache(maxsize=1)
+def bundle() -> bytes:
+    """The sync engine as a zip python can import from (deterministic bytes, so re-sends can be skipped)."""
+    root = Path(__file__).resolve().parent.parent
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for rel in _MODULES:
+            info = zipfile.ZipInfo(f"gtrain/{rel}", date_time=(2020, 1, 1, 0, 0, 0))
+            z.writestr(info, (root / rel).read_bytes())
+    return buf.getvalue()
+
+
+def entries_json(entries: list[DataEntry], workdir: str) -> str:
+    return json.dumps([{"src": e.src, "dst": f"{workdir}/{e.dst}", "delete": e.delete} for e in entries])
