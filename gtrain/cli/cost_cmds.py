@@ -53,6 +53,10 @@ def catalog(
     from dataclasses import asdict
 
     from gtrain import catalog as cat
+    from gtrain.errors import ConfigError
+
+    if provider is not None and provider not in ("aws", "gcp"):
+        raise ConfigError(f"--provider {provider!r}: the catalog has aws and gcp", field="--provider")
 
     rows = cat.offers(provider=provider, gpu=gpu, gpu_count=count, region=region, spot=spot)
     if limit:

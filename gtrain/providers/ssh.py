@@ -141,8 +141,8 @@ class SSHProvider(Provider):
         entries = section.hosts[: spec.num_nodes]
         targets = [target_for(section, e) for e in entries]
         for key, line in section.host_keys.items():
-            host, _, port = key.rpartition(":") if re.search(r":\d+$", key) else (key, "", "")
-            pin_host_key(host, int(port) if port else section.port, line)
+            host, port = split_host_port(key, section.port)
+            pin_host_key(host, port, line)
 
         def on_new(host: str, port: int, keytype: str, fp: str) -> None:
             self.report.info(f"trusting {host}:{port} on first use: {keytype} {fp}")
@@ -240,6 +240,18 @@ class SSHProvider(Provider):
 
     def price(self, cluster: Cluster, interval: CostInterval) -> IntervalCost:
         return IntervalCost(0.0, note="your own machines: no charge from gtrain")
+
+
+def split_host_port(key: str, default_port: int) -> tuple[str, int]:
+    """``host``, ``host:port``, ``[v6]:port`` or a bare IPv6 address (``fd00::7``)."""
+    m = re.match(r"^\[(?P<h>[^\]]+)\](?::(?P<p>\d+))?$", key)
+    if m:
+        return m.group("h"), int(m.group("p") or default_port)
+    if key.count(":") == 1:
+        host, _, port = key.partition(":")
+        if port.isdigit():
+            return host, int(port)
+    return key, default_port
 
 
 def _reachable(server_addr: object, host: str) -> str:

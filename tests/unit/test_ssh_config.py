@@ -148,3 +148,14 @@ def test_policy_tofu_records_and_reports(gtrain_home: Path) -> None:
         ssh._policy(False, None, 22).missing_host_key(None, "10.0.0.9", key)
     assert ssh.pinned_keys("10.0.0.9", 22) == []
 
+
+
+def test_host_key_keys_split_host_and_port() -> None:
+    from gtrain.providers.ssh import split_host_port
+
+    assert split_host_port("10.0.0.5", 22) == ("10.0.0.5", 22)
+    assert split_host_port("10.0.0.6:2222", 22) == ("10.0.0.6", 2222)
+    assert split_host_port("fd00::7", 22) == ("fd00::7", 22)
+    assert split_host_port("[fd00::7]:2200", 22) == ("fd00::7", 2200)
+    assert split_host_port("[fd00::7]", 2022) == ("fd00::7", 2022)
+    assert split_host_port("gpu3", 2022) == ("gpu3", 2022)
