@@ -12,10 +12,11 @@ def register(app: typer.Typer) -> None:
 
 
 def gc(
-    provider: str = typer.Option("aws", "--provider", help="Cloud to sweep (aws)."),
+    provider: str = typer.Option("aws", "--provider", help="Cloud to sweep (aws, gcp)."),
     region: list[str] = typer.Option(None, "--region", help="Region to sweep (repeatable; default: every region "
-                                                            "in the catalog and in state)."),
+                                                            "in the catalog and in state; gcp: every zone)."),
     profile: str = typer.Option(None, "--profile", help="boto3 profile (default: the environment's)."),
+    project: str = typer.Option(None, "--project", help="gcp: project to sweep (default: the environment's)."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Delete what is found (default: only list it)."),
     json_: bool = typer.Option(False, "--json", help="Print one JSON document on stdout and nothing else."),
 ) -> None:
@@ -23,16 +24,26 @@ def gc(
     out.set_json(json_)
     from gtrain.errors import ConfigError
 
-    if provider != "aws":
-        raise ConfigError(f"--provider {provider}: gc knows aws only", field="--provider")
-    from gtrain.providers.aws_gc import default_regions, live_cluster_ids
-    from gtrain.providers.aws_gc import gc as sweep
+    if provider not in ("aws", "gcp"):
+        raise ConfigError(f"--provider {provider}: gc knows aws and gcp", field="--provider")
+    from gtrain.providers.common import live_cluster_ids
     from gtrain.state import StateStore
 
     store = StateStore()
     try:
-        regions = list(region) if region else default_regions(store)
-        res = sweep(regions, live_cluster_ids(store), yes, store=store, report=out.CLIReporter(), profile=profile)
+        if provider == "gcp":
+            from gtrain.providers.gcp_gc import gc as gcp_sweep
+
+            res = gcp_sweep(project, live_cluster_ids(store, "gcp"), yes, store=store, report=out.CLIReporter(),
+                            regions=list(region) if region else None)
+            regions = res.regions
+        else:
+            from gtrain.providers.aws_gc import default_regions
+            from gtrain.providers.aws_gc import gc as sweep
+
+            regions = list(region) if region else default_regions(store)
+            res = sweep(regions, live_cluster_ids(store, "aws"), yes, store=store, report=out.CLIReporter(),
+                        profile=profile)
     finally:
         store.close()
     if json_:
@@ -42,7 +53,7 @@ def gc(
     if not res.orphans:
         c.print(f"nothing tagged by gtrain is orphaned in {', '.join(regions)}.")
         return
-    out.table("orphaned resources", ["region", "cluster", "kind", "id"],
+    out.table("orphaned resources", ["zone" if provider == "gcp" else "region", "cluster", "kind", "id"],
               [[o.region, o.cluster_id, o.kind, o.id] for o in res.orphans])
     if not res.deleted:
         c.print(f"{len(res.orphans)} resource(s) of {len(res.clusters)} cluster(s). Delete them: gtrain gc --yes")

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 REGISTRY: dict[str, str] = {
     "local": "gtrain.providers.local:LocalProvider",
     "aws": "gtrain.providers.aws:AWSProvider",
+    "gcp": "gtrain.providers.gcp:GCPProvider",
     "ssh": "gtrain.providers.ssh:SSHProvider",
 }
 

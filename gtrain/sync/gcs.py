@@ -51,7 +51,7 @@ class GCSBackend:
         self.workers = workers
         with self._errors(None):
             if client is None:
-                from google.cloud import storage
+                from google.cloud import storage  # type: ignore[attr-defined]
 
                 client = storage.Client()
             self.client = client

@@ -16,7 +16,7 @@ from gtrain.providers.aws import TAG_CLUSTER
 from gtrain.remote import ssh as sshmod
 
 JOBS = Path(__file__).parent / "jobs"
-RELAY = Path(__file__).parent / "aws_node_relay.py"
+RELAY = Path(__file__).parent / "node_relay.py"
 
 
 @pytest.mark.slow
@@ -36,7 +36,7 @@ def test_two_node_torchrun_on_moto_nodes_over_proxy_command(moto_server: str, ss
     spec.write_text(json.dumps({
         "name": "aws-e2e", "provider": "aws", "num_nodes": 2,
         "resources": {"accelerators": "T4:1", "region": "us-east-1", "disk_gb": 50},
-        "aws": {"ssh_user": hosts[0].user, "ssh_proxy_command": f"{sys.executable} {RELAY} {relay_dir} %h",
+        "aws": {"ssh_user": hosts[0].user, "ssh_proxy_command": f"{sys.executable} {RELAY} aws {relay_dir} %h",
                 "host_key_wait_s": 0, "ssh_timeout_s": 60, "poll_s": 0.2},
         "job": {"workdir": str(work), "run": "probe.py", "nproc_per_node": 2, "checkpoint_dir": "ckpt",
                 "python": sys.executable, "env": {"OMP_NUM_THREADS": "1"}},

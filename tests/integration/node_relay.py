@@ -1,0 +1,98 @@
+"""ProxyCommand for the cloud end-to-end tests: plays the part of a cloud instance's network and of its
+guest agent (cloud-init on EC2, the guest environment on GCE).
+
+    python node_relay.py aws|gcp DIR INSTANCE
+
+``DIR/hosts.json`` lists the sshd hosts (``{"hosts": [[addr, port], ...], "authorized_keys": path}``). The
+first time an instance is seen it is given the next free host (kept in ``DIR/map.json``), and the public key
+the cloud would install is put in the hosts' authorized_keys: on AWS the instance's key pair (asked of EC2,
+i.e. moto), on GCP the instance's ``ssh-keys`` metadata (asked of the Compute Engine endpoint in
+CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE, i.e. the fake). Then bytes are relayed between stdin/stdout and that
+host's sshd.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import select
+import socket
+import sys
+import urllib.request
+from pathlib import Path
+
+
+def aws_public_keys(iid: str) -> list[str]:
+    import boto3
+
+    ec2 = boto3.client("ec2")
+    inst = ec2.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]
+    kp = ec2.describe_key_pairs(KeyNames=[inst["KeyName"]], IncludePublicKey=True)["KeyPairs"][0]
+    return [kp["PublicKey"].strip()]
+
+
+def gcp_public_keys(name: str) -> list[str]:
+    endpoint = os.environ["CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE"].rstrip("/")
+    project = os.environ["GOOGLE_CLOUD_PROJECT"]
+    with urllib.request.urlopen(f"{endpoint}/projects/{project}/aggregated/instances", timeout=10) as r:
+        scopes = json.load(r).get("items", {})
+    inst = next(i for s in scopes.values() for i in s.get("instances", []) if i["name"] == name)
+    items = {i["key"]: i["value"] for i in inst.get("metadata", {}).get("items", [])}
+    # "user:ssh-ed25519 AAAA... comment" lines: the guest agent makes the user and installs the key
+    return [" ".join(line.split(":", 1)[1].split()[:2]) for line in items.get("ssh-keys", "").splitlines() if line]
+
+
+def assign(cloud: str, d: Path, iid: str) -> tuple[str, int]:
+    conf = json.loads((d / "hosts.json").read_text())
+    with open(d / "map.lock", "a+") as lk:
+        fcntl.flock(lk, fcntl.LOCK_EX)
+        mp = d / "map.json"
+        mapping = json.loads(mp.read_text()) if mp.exists() else {}
+        if iid not in mapping:
+            used = {tuple(v) for v in mapping.values()}
+            free = [h for h in conf["hosts"] if tuple(h) not in used]
+            if not free:
+                sys.exit(f"relay: no sshd host left for {iid}")
+            ak = Path(conf["authorized_keys"])
+            for pub in (aws_public_keys if cloud == "aws" else gcp_public_keys)(iid):
+                if pub not in ak.read_text():
+                    with open(ak, "a") as f:
+                        f.write(pub + "\n")
+            mapping[iid] = free[0]
+            mp.write_text(json.dumps(mapping))
+        return mapping[iid][0], int(mapping[iid][1])
+
+
+def main() -> None:
+    cloud, d, iid = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+    if cloud not in ("aws", "gcp"):
+        sys.exit(f"relay: unknown cloud {cloud!r}")
+    addr, port = assign(cloud, d, iid)
+    s = socket.create_connection((addr, port), timeout=10)
+    s.settimeout(None)
+    fin, fout = sys.stdin.buffer.fileno(), sys.stdout.buffer.fileno()
+    while True:
+        r, _, _ = select.select([fin, s], [], [])
+        if fin in r:
+            data = os.read(fin, 65536)
+            if not data:
+                s.shutdown(socket.SHUT_WR)
+                fin = -1
+            else:
+                s.sendall(data)
+        if s in r:
+            data = s.recv(65536)
+            if not data:
+                return
+            os.write(fout, data)
+        if fin == -1:
+            while True:
+                data = s.recv(65536)
+                if not data:
+                    return
+                os.write(fout, data)
+
+
+if __name__ == "__main__":
+    main()
