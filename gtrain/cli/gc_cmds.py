@@ -38,8 +38,8 @@ def gc(
                             regions=list(region) if region else None)
             regions = res.regions
         else:
-            from gtrain.providers.aws_gc import default_regions
-            from gtrain.providers.aws_gc import gc as sweep
+            from gtrain.providers.aws.gc import default_regions
+            from gtrain.providers.aws.gc import gc as sweep
 
             regions = list(region) if region else default_regions(store)
             res = sweep(regions, live_cluster_ids(store, "aws"), yes, store=store, report=out.CLIReporter(),

@@ -96,10 +96,10 @@ def test_stream_order_and_latency(pinned: SSHHosts, make_runner: Callable[..., S
                   lambda line: got.append((time.monotonic() - t0, line)))
     assert rc == 5
     assert [line for _, line in got] == ["out1", "err1", "out2", "err2", "out3", "err3", "out4", "err4", "tail"]
-    # each line arrives as it is printed, not when the command ends (~1.2 s)
-    assert got[0][0] < 0.5
-    for k in range(4):
-        assert abs(got[2 * k][0] - got[0][0] - 0.3 * k) < 0.25, got
+    # lines arrive as they are printed, not all at once when the command ends (~1.2 s): the first well
+    # before the end, and the stdout lines spread over the run (loose bounds: a loaded CI machine)
+    assert got[0][0] < got[-1][0] - 0.5, got
+    assert got[6][0] - got[0][0] > 0.5, got
 
 
 def test_start_detached_returns_fast_and_survives(pinned: SSHHosts, make_runner: Callable[..., SSHRunner]) -> None:

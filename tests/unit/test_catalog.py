@@ -340,24 +340,16 @@ def test_bad_override_says_which_file(gtrain_home: Path) -> None:
 # ------------------------------------------------------------------------------------------------ import cost
 
 
-def test_import_is_cheap_and_lazy(repo_root: Path) -> None:
+def test_import_is_lazy(repo_root: Path) -> None:
+    """Importing the catalog parses nothing and pulls in nothing heavy (how fast it is: bench/, not here)."""
     code = (
-        "import sys, time\n"
-        "import gtrain.errors\n"
-        "t = time.perf_counter()\n"
+        "import sys\n"
         "import gtrain.catalog\n"
-        "dt = time.perf_counter() - t\n"
         "heavy = [m for m in ('pandas', 'numpy', 'csv', 'difflib', 'importlib.resources') if m in sys.modules]\n"
-        "print(dt, ','.join(heavy), len(gtrain.catalog._cache))\n"
+        "print('HEAVY:' + ','.join(heavy), len(gtrain.catalog._cache))\n"
     )
-    best = float("inf")
-    for _ in range(3):
-        out = subprocess.run(
-            [sys.executable, "-c", code], cwd=repo_root, capture_output=True, text=True, check=True
-        ).stdout.split()
-        dt, rest = float(out[0]), out[1:]
-        heavy, cached = (rest[0], rest[1]) if len(rest) == 2 else ("", rest[0])
-        assert heavy == "", f"importing gtrain.catalog pulled in {heavy}"
-        assert cached == "0", "the catalog was parsed at import time"
-        best = min(best, dt)
-    assert best < 0.020, f"import gtrain.catalog took {best * 1000:.1f} ms"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=repo_root, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out[0] == "HEAVY:", f"importing gtrain.catalog pulled in {out[0][6:]}"
+    assert out[1] == "0", "the catalog was parsed at import time"

@@ -35,7 +35,7 @@ def default_regions(store: StateStore) -> list[str]:
 
 def gc(regions: list[str], live_cluster_ids: set[str], delete: bool, *, store: StateStore,
        report: Reporter = SILENT, session: Any = None, profile: str | None = None) -> GCResult:
-    from gtrain.providers.aws import AWSProvider
+    from gtrain.providers.aws.provider import AWSProvider
 
     provider = AWSProvider(store, report, session=session)
     res = GCResult(list(regions))

@@ -1,0 +1,239 @@
+"""EC2 plumbing shared by every part of the aws provider: the resource tags, the error codes and the one place
+botocore exceptions become :mod:`gtrain.errors` (:func:`translate`, used through :func:`call`), tag helpers, and
+:class:`AWSBase`, which owns the boto3 session and the EC2 clients (one per region and profile), the state
+store's lock and the resource ledger.
+
+boto3 and botocore are imported inside functions only: importing this module does not import them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from gtrain.errors import (
+    CapacityError,
+    ConfigError,
+    CredentialsError,
+    GtrainError,
+    ProviderError,
+    QuotaError,
+)
+from gtrain.events import SILENT, Reporter
+from gtrain.providers.base import Provider
+from gtrain.providers.common import owner as _owner
+from gtrain.providers.common import write_ssh_config
+from gtrain.state import Cluster, StateStore
+
+if TYPE_CHECKING:
+    from gtrain.providers.aws.options import AWSOptions
+
+TAG_CLUSTER = "gtrain:cluster"
+TAG_CLUSTER_NAME = "gtrain:cluster-name"
+TAG_OWNER = "gtrain:owner"
+TAG_CREATED = "gtrain:created"
+TAG_RANK = "gtrain:rank"
+
+#: errors that mean "not here, maybe elsewhere": try the next zone
+CAPACITY_CODES = frozenset({
+    "InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientHostCapacity", "Unsupported",
+    "InsufficientReservedInstanceCapacity", "SpotMaxPriceTooLow", "InsufficientFreeAddressesInSubnet",
+    "InsufficientCapacityOnOutpost", "UnfulfillableCapacity",
+})
+#: account limits, per region: try the next region
+QUOTA_CODES = frozenset({
+    "VcpuLimitExceeded", "MaxSpotInstanceCountExceeded", "InstanceLimitExceeded", "PendingVerification",
+    "ResourceLimitExceeded", "MaxSpotFleetRequestCountExceeded",
+})
+CREDENTIAL_CODES = frozenset({
+    "AuthFailure", "InvalidClientTokenId", "ExpiredToken", "RequestExpired", "SignatureDoesNotMatch",
+    "UnrecognizedClientException", "InvalidAccessKeyId", "OptInRequired",
+})
+NOT_FOUND_SUFFIXES = (".NotFound", ".Unknown", ".Malformed")
+
+LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+def translate(e: BaseException, what: str) -> GtrainError:
+    """The one place botocore exceptions become gtrain errors."""
+    import botocore.exceptions as bx
+    from botocore.parsers import ResponseParserError
+
+    if isinstance(e, GtrainError):
+        return e
+    if isinstance(e, bx.ProfileNotFound):
+        return ConfigError(f"aws.profile: {e}", hint="`aws configure list-profiles` lists them", field="aws.profile")
+    if isinstance(e, bx.NoCredentialsError | bx.PartialCredentialsError | bx.NoAuthTokenError):
+        return CredentialsError(f"{what}: no AWS credentials ({e})",
+                                hint="set aws.profile in the spec, AWS_PROFILE, or AWS_ACCESS_KEY_ID/SECRET")
+    if isinstance(e, bx.ClientError):
+        err = e.response.get("Error", {}) if isinstance(e.response, dict) else {}
+        code = str(err.get("Code") or "Unknown")
+        msg = str(err.get("Message") or e)
+        text = f"{what}: {code}: {msg}"
+        if code in CAPACITY_CODES:
+            ce = CapacityError(text)
+            ce.code = code  # type: ignore[attr-defined]
+            return ce
+        if code in QUOTA_CODES:
+            qe = QuotaError(text, hint="ask AWS for a higher quota (Service Quotas: 'Running On-Demand/Spot "
+                                       "... instances'), or use another region")
+            qe.code = code  # type: ignore[attr-defined]
+            return qe
+        if code in CREDENTIAL_CODES:
+            return CredentialsError(text, hint="check the profile / keys, and that the region is enabled")
+        if code in ("UnauthorizedOperation", "AccessDenied", "AccessDeniedException"):
+            return CredentialsError(text, hint="the IAM identity lacks this EC2 permission; see docs/providers/aws.md")
+        if code.startswith("InvalidAMIID"):
+            return ConfigError(text, hint="check resources.image_id (AMIs are per region)", field="resources.image_id")
+        pe = ProviderError(text)
+        pe.code = code  # type: ignore[attr-defined]
+        return pe
+    if isinstance(e, bx.EndpointConnectionError | bx.ConnectTimeoutError | bx.ReadTimeoutError):
+        return ProviderError(f"{what}: cannot reach the EC2 endpoint ({e})",
+                             hint="check the network / AWS_ENDPOINT_URL")
+    if isinstance(e, ResponseParserError):
+        pe = ProviderError(f"{what}: the endpoint sent an unreadable answer ({str(e).splitlines()[0][:200]})")
+        pe.code = "UnreadableResponse"  # type: ignore[attr-defined]
+        return pe
+    if isinstance(e, bx.BotoCoreError):
+        return ProviderError(f"{what}: {e}")
+    return ProviderError(f"{what}: {type(e).__name__}: {e}")
+
+
+def error_code(e: BaseException) -> str:
+    return str(getattr(e, "code", "") or "")
+
+
+def is_not_found(e: BaseException) -> bool:
+    c = error_code(e)
+    return c.endswith(NOT_FOUND_SUFFIXES) or c in ("InvalidKeyPair.NotFound", "InvalidGroup.NotFound")
+
+
+@contextlib.contextmanager
+def call(what: str) -> Iterator[None]:
+    import botocore.exceptions as bx
+    from botocore.parsers import ResponseParserError
+
+    try:
+        yield
+    except (bx.BotoCoreError, bx.ClientError, ResponseParserError) as e:
+        raise translate(e, what) from None
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def tags(d: dict[str, str]) -> list[dict[str, str]]:
+    return [{"Key": k, "Value": v} for k, v in d.items()]
+
+
+def tagdict(obj: dict[str, Any]) -> dict[str, str]:
+    return {t["Key"]: t["Value"] for t in obj.get("Tags") or []}
+
+
+def epoch(t: Any) -> float:
+    if isinstance(t, dt.datetime):
+        if t.tzinfo is None:
+            t = t.replace(tzinfo=dt.UTC)
+        return t.timestamp()
+    return float(t)
+
+
+def resource_name(cluster_id: str) -> str:
+    """Key pair, security group and placement group name of a cluster."""
+    return f"gtrain-{cluster_id}"
+
+
+# ---------------------------------------------------------------------------------------------- the shared base
+
+
+class AWSBase(Provider):
+    """The state every part of :class:`~gtrain.providers.aws.AWSProvider` shares: the session and clients, the
+    store lock (one sqlite connection: one writer at a time) and the ledger helpers."""
+
+    def __init__(self, store: StateStore, report: Reporter = SILENT, *, session: Any = None,
+                 client_config: Any = None, max_workers: int = 32) -> None:
+        super().__init__(store, report)
+        self._session = session
+        self._client_config = client_config
+        self._clients: dict[tuple[str, str | None], Any] = {}
+        self._sessions: dict[str | None, Any] = {}
+        self._lock = threading.Lock()
+        self._store_lock = threading.RLock()  # one sqlite connection: one writer at a time
+        self._max_workers = max_workers
+        self._spot_cache: dict[tuple[Any, ...], list[tuple[float, float]]] = {}
+
+    # ---- clients ----
+
+    def ec2(self, region: str, profile: str | None = None) -> Any:
+        """A thread-safe EC2 client for ``region`` (made once, under a lock: sessions are not thread-safe)."""
+        key = (region, profile)
+        with self._lock:
+            c = self._clients.get(key)
+            if c is None:
+                from botocore.config import Config
+
+                cfg = self._client_config or Config(
+                    retries={"mode": "standard", "max_attempts": 5}, max_pool_connections=64,
+                    connect_timeout=10, read_timeout=60,
+                )
+                with call("creating the EC2 client"):
+                    c = self._get_session(profile).client("ec2", region_name=region, config=cfg)
+                self._clients[key] = c
+            return c
+
+    def _get_session(self, profile: str | None) -> Any:
+        if self._session is not None:
+            return self._session
+        s = self._sessions.get(profile)
+        if s is None:
+            import boto3
+
+            s = boto3.Session(profile_name=profile) if profile else boto3.Session()
+            self._sessions[profile] = s
+        return s
+
+    def _profile(self, cluster: Cluster) -> str | None:
+        section = cluster.spec.get("aws") or {}
+        return section.get("profile") if isinstance(section, dict) else None
+
+    # ---- the ledger (one writer at a time) ----
+
+    def _record(self, cluster: Cluster, kind: str, ref: str, region: str, meta: dict[str, Any] | None = None) -> int:
+        with self._store_lock:
+            return self.store.record_resource(cluster.id, kind, ref, region=region, meta=meta)
+
+    def _mark(self, rid: int, status: str, **kw: Any) -> None:
+        with self._store_lock:
+            self.store.mark_resource(rid, status, **kw)
+
+    # ---- by tag ----
+
+    def _find_instances(self, region: str, cluster_id: str, profile: str | None,
+                        states: list[str] | None = None) -> list[dict[str, Any]]:
+        ec2 = self.ec2(region, profile)
+        out: list[dict[str, Any]] = []
+        with call(f"{region}: describe_instances"):
+            for page in ec2.get_paginator("describe_instances").paginate(Filters=[
+                {"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster_id]},
+                {"Name": "instance-state-name", "Values": states or LIVE_STATES},
+            ]):
+                for r in page["Reservations"]:
+                    out.extend(r["Instances"])
+        return out
+
+    def _base_tags(self, cluster: Cluster, opts: AWSOptions, name: str) -> dict[str, str]:
+        created = cluster.extra.get("aws_created") or dt.datetime.fromtimestamp(
+            cluster.created_at, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return {**opts.tags, TAG_CLUSTER: cluster.id, TAG_CLUSTER_NAME: cluster.name, TAG_OWNER: _owner(),
+                TAG_CREATED: created, "Name": name}
+
+    def _write_ssh_config(self, exclude: str | None = None) -> None:
+        write_ssh_config(self.store, self.report, self._store_lock, exclude)

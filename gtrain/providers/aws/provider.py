@@ -1,0 +1,383 @@
+"""The aws provider: :class:`AWSProvider` plans from the catalog, provisions with failover (zone by zone, then
+region by region; a failed attempt leaves nothing behind), describes, terminates, gives SSH runners and prices
+each node's running interval. The steps live in :mod:`.network`, :mod:`.instances` and :mod:`.teardown`; the
+EC2 clients and the error translation in :mod:`.api`.
+
+Cost: the on-demand $/h of the catalog is stored when the node starts; spot cost is read from
+``describe_spot_price_history`` over the node's own running interval (the catalog's spot estimate when the
+history is missing or implausible, and the report says so); EC2 bills per second with a 60-second minimum;
+the root EBS volume (gp3) is added by GB-hour at :data:`EBS_GP3_USD_PER_GB_MONTH`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gtrain.errors import CapacityError, ConfigError, GtrainError, ProviderError, QuotaError
+from gtrain.providers.aws import api
+from gtrain.providers.aws.api import LIVE_STATES, TAG_CLUSTER, TAG_RANK
+from gtrain.providers.aws.instances import AWSInstances
+from gtrain.providers.aws.network import AWSNetwork, Region
+from gtrain.providers.aws.options import AWSOptions, aws_options
+from gtrain.providers.aws.teardown import AWSTeardown
+from gtrain.providers.base import IntervalCost, NodeStatus, Plan
+from gtrain.providers.common import (
+    Attempts,
+    billed_seconds,
+    disk_cost,
+    drop_key,
+    resolve_ssh_cidr,
+    ssh_notes,
+)
+from gtrain.state import Cluster, CostInterval
+
+if TYPE_CHECKING:
+    from gtrain.remote.base import Runner
+    from gtrain.remote.ssh import SSHRunner
+    from gtrain.spec import ClusterSpec
+
+__all__ = ["EBS_GP3_BY_REGION", "EBS_GP3_USD_PER_GB_MONTH", "AWSProvider"]
+
+#: EBS gp3 storage, USD per GB-month (us-east-1/us-east-2/us-west-2 list price, 2025; eu-west-1 is 0.088).
+#: gp3's baseline 3,000 IOPS and 125 MB/s are included; gtrain never asks for more. A month is 730 hours.
+EBS_GP3_USD_PER_GB_MONTH = 0.08
+EBS_GP3_BY_REGION = {"eu-west-1": 0.088}
+
+SPOT_IMPLAUSIBLE_FRACTION = 0.01
+
+
+@dataclass
+class _Target:
+    region: str
+    zones: list[str] | None  # None: every zone that offers the type
+
+
+class AWSProvider(AWSInstances, AWSNetwork, AWSTeardown):
+    name = "aws"
+    billing_minimum_s = 60.0
+
+    # ---- plan ----
+
+    def plan(self, spec: ClusterSpec) -> Plan:
+        from gtrain.catalog import lookup, resolve
+
+        opts = aws_options(spec.aws)
+        res = spec.resources
+        market = "spot" if res.use_spot else "on-demand"
+        regions = res.region_list()
+        if res.regions and res.region and res.region not in res.regions:
+            raise ConfigError(f"resources.region: {res.region!r} is not in resources.regions",
+                              hint="give one or the other", field="resources.region")
+        first = regions[0] if regions else None
+        field_name = "resources.regions[0]" if res.regions else "resources.region"
+        try:
+            offer = resolve("aws", res.accelerators, res.instance_type, first, res.use_spot)
+        except ConfigError as e:
+            if e.field == "resources.region" and res.regions:
+                e.field = field_name
+                e.message = e.message.replace("resources.region:", f"{field_name}:", 1)
+            raise
+        if not regions:
+            # no region asked for: the cheapest first, then every other catalog region with the type
+            regions = [o.region for o in sorted(lookup("aws", offer.instance_type),
+                                                key=lambda o: (o.price(res.use_spot), o.region))]
+        for i, r in enumerate(regions):
+            if not lookup("aws", offer.instance_type, r):
+                where = sorted({o.region for o in lookup("aws", offer.instance_type)})
+                raise ConfigError(
+                    f"resources.regions[{i}]: {offer.instance_type} is not offered in {r}; "
+                    f"it is in {', '.join(where)}", hint="drop that region or pick another type",
+                    field=f"resources.regions[{i}]",
+                )
+        zones = list(res.zones or [])
+        for i, z in enumerate(zones):
+            if not any(z.startswith(r) and len(z) > len(r) for r in regions):
+                raise ConfigError(f"resources.zones[{i}]: {z!r} is not a zone of {', '.join(regions)}",
+                                  hint="zones are the region name plus a letter, e.g. us-east-1a",
+                                  field=f"resources.zones[{i}]")
+        price_offer = lookup("aws", offer.instance_type, regions[0])[0]
+        notes = [f"{offer.vcpus} vCPUs, {offer.memory_gib:g} GiB, {offer.gpu_count}x {offer.gpu_name} "
+                 f"{offer.gpu_memory_gib:g} GB" + (", EFA" if self._efa(opts, price_offer.efa) else "")]
+        if res.use_spot:
+            notes.append(f"spot $/h is the catalog's estimate (on-demand {price_offer.price_ondemand:g} $/h); the "
+                         "cost report reads the spot price history over each node's running time")
+        notes.append(f"plus EBS gp3 {res.disk_gb} GB per node at ${self._ebs_rate(regions[0]):g}/GB-month")
+        if len(regions) > 1:
+            notes.append(f"on no capacity: next zone, then {', '.join(regions[1:])}")
+        notes += ssh_notes(opts.ssh_cidr, opts.ssh_proxy_command, "aws")
+        return Plan(
+            provider="aws", num_nodes=spec.num_nodes, instance_type=offer.instance_type, market=market,
+            region=regions[0], zone=zones[0] if zones else None, gpu_name=offer.gpu_name,
+            gpus_per_node=offer.gpu_count, price_per_hour=price_offer.price(res.use_spot),
+            max_hours=spec.policies.max_hours, notes=notes,
+        )
+
+    @staticmethod
+    def _efa(opts: AWSOptions, catalog_efa: bool) -> bool:
+        return catalog_efa if opts.efa is None else opts.efa
+
+    @staticmethod
+    def _ebs_rate(region: str | None) -> float:
+        return EBS_GP3_BY_REGION.get(region or "", EBS_GP3_USD_PER_GB_MONTH)
+
+    def _targets(self, spec: ClusterSpec, plan: Plan) -> list[_Target]:
+        from gtrain.catalog import lookup
+
+        regions = spec.resources.region_list() or [
+            o.region for o in sorted(lookup("aws", plan.instance_type or ""),
+                                     key=lambda o: (o.price(spec.resources.use_spot), o.region))]
+        zones = spec.resources.zones
+        out = []
+        for r in regions:
+            zs = [z for z in zones if z.startswith(r)] if zones else None
+            if zs == []:
+                continue
+            out.append(_Target(r, zs))
+        return out
+
+    # ---- provision ----
+
+    def provision(self, spec: ClusterSpec, cluster: Cluster, plan: Plan) -> None:
+        from gtrain.catalog import lookup
+
+        opts = aws_options(spec.aws)
+        itype = plan.instance_type or ""
+        targets = self._targets(spec, plan)
+        ssh_cidr = resolve_ssh_cidr(opts.ssh_cidr, opts.ssh_proxy_command, "aws", " (SSM)")
+        # a resumed `up`: the nodes already there pin the region and zone (a placement group is one zone)
+        existing: dict[int, dict[str, Any]] = {}
+        for t in targets:
+            found = self._find_instances(t.region, cluster.id, opts.profile)
+            if found:
+                zone = found[0]["Placement"]["AvailabilityZone"]
+                targets = [_Target(t.region, [zone])]
+                for inst in found:
+                    rank = int(api.tagdict(inst).get(TAG_RANK, "-1"))
+                    if 0 <= rank < spec.num_nodes and inst["Placement"]["AvailabilityZone"] == zone:
+                        existing[rank] = inst
+                self.report.info(f"found {len(existing)} of {spec.num_nodes} node(s) of {cluster.name} in {zone}")
+                break
+        attempts = Attempts()
+        for t in targets:
+            offer = lookup("aws", itype, t.region)
+            if not offer:
+                attempts.add(t.region, f"{itype} not in the catalog for this region")
+                continue
+            od_price, spot_price, efa = offer[0].price_ondemand, offer[0].price_spot, self._efa(opts, offer[0].efa)
+            reg = Region(t.region)
+            try:
+                self._region_setup(spec, cluster, opts, reg, ssh_cidr, itype, t.zones)
+            except (CapacityError, QuotaError) as e:
+                attempts.add(t.region, e)
+                self._undo_region(cluster, reg, opts)
+                continue
+            except BaseException:
+                self._undo_region(cluster, reg, opts)
+                raise
+            zones = t.zones or list(reg.subnets)
+            if not zones:
+                attempts.add(t.region, f"no zone with a default subnet offers {itype}")
+                self._undo_region(cluster, reg, opts)
+                continue
+            for zone in zones:
+                made: list[str] = []
+                try:
+                    nodes = self._launch_zone(spec, cluster, opts, reg, zone, itype, efa, existing, made)
+                except (CapacityError, QuotaError) as e:
+                    attempts.add(f"{t.region}/{zone}", e)
+                    self.report.warn(f"{zone}: {e.message}; "
+                                     + ("trying the next region" if isinstance(e, QuotaError) else "trying elsewhere"))
+                    self._terminate_ids(cluster, t.region, made, opts.profile)
+                    if isinstance(e, QuotaError):
+                        break
+                    continue
+                self._record_nodes(spec, cluster, plan, opts, reg, zone, nodes, od_price, spot_price)
+                if opts.wait_ssh:
+                    self._wait_ssh(cluster, opts)
+                return
+            self._undo_region(cluster, reg, opts)
+        what = f"{spec.num_nodes}x {itype} ({plan.market})"
+        if not existing:  # nothing of this cluster runs anywhere: its local key goes too
+            drop_key(cluster.id)
+        attempts.fail(what, quota_hint="request a quota increase, or add resources.regions",
+                      capacity_hint="add zones or regions (resources.zones / resources.regions), try on-demand, "
+                                    "or fewer nodes; nothing was left running")
+
+    def _undo_region(self, cluster: Cluster, reg: Region, opts: AWSOptions) -> None:
+        """A region that gave nothing: delete what this cluster has there, unless nodes of it run there."""
+        if not reg.created:
+            return
+        try:
+            if self._find_instances(reg.name, cluster.id, opts.profile):
+                return
+            left = self.teardown(reg.name, cluster.id, opts.profile, cluster=cluster)
+        except GtrainError as e:
+            self.report.warn(f"{reg.name}: could not clean up after the failed attempt: {e.message}")
+            return
+        if left:
+            self.report.warn(f"{reg.name}: left after the failed attempt: {', '.join(left)}")
+
+    # ---- ssh ----
+
+    def runners(self, cluster: Cluster) -> list[Runner]:
+        from gtrain.remote.ssh import SSHRunner
+
+        out: list[Runner] = []
+        for node in self.store.nodes(cluster.id):
+            target = self._target(node.meta, node.instance_id or "")
+            r: SSHRunner = SSHRunner(target, cluster=cluster.name, label=f"node {node.rank} ({node.instance_id})",
+                                     address=node.address or node.meta.get("private_ip") or target.host)
+            out.append(r)
+        return out
+
+    # ---- describe ----
+
+    def _regions_of(self, cluster: Cluster) -> list[str]:
+        regions: list[str] = []
+
+        def add(r: Any) -> None:
+            if isinstance(r, str) and r and r not in regions:
+                regions.append(r)
+
+        add(cluster.region)
+        for n in self.store.nodes(cluster.id):
+            add(n.meta.get("region"))
+        for res in self.store.resources(cluster.id):
+            add(res.region)
+        res_spec = cluster.spec.get("resources") or {}
+        add(res_spec.get("region"))
+        for r in res_spec.get("regions") or []:
+            add(r)
+        return regions
+
+    def describe(self, cluster: Cluster) -> list[NodeStatus]:
+        profile = self._profile(cluster)
+        nodes = {n.rank: n for n in self.store.nodes(cluster.id)}
+        found: dict[int, dict[str, Any]] = {}
+        for region in self._regions_of(cluster):
+            for inst in self._find_instances(region, cluster.id, profile, states=[*LIVE_STATES, "terminated"]):
+                rank = int(api.tagdict(inst).get(TAG_RANK, "-1"))
+                node = nodes.get(rank)
+                if node is not None and node.instance_id and inst["InstanceId"] != node.instance_id:
+                    continue  # an older instance of that rank (a failed zone)
+                found[rank] = inst
+        out = []
+        for rank in sorted(set(nodes) | set(found)):
+            node = nodes.get(rank)
+            got = found.get(rank)
+            if got is None:
+                out.append(NodeStatus(rank, "missing", node.address if node else None,
+                                      "no instance tagged with this cluster and rank"))
+                continue
+            out.append(self._node_status(rank, got, node.address if node else None,
+                                         by_gtrain=cluster.status in ("terminating", "terminated")
+                                         or (node is not None and node.status in ("terminated", "deleted"))))
+        return out
+
+    @staticmethod
+    def _node_status(rank: int, inst: dict[str, Any], address: str | None, by_gtrain: bool) -> NodeStatus:
+        state = inst["State"]["Name"]
+        reason = inst.get("StateReason") or {}
+        code = str(reason.get("Code") or "")
+        why = reason.get("Message") or inst.get("StateTransitionReason") or ""
+        spot = inst.get("InstanceLifecycle") == "spot"
+        addr = address or inst.get("PrivateIpAddress")
+        if state in ("shutting-down", "terminated"):
+            if code.startswith("Server.SpotInstance") or (spot and not by_gtrain):
+                return NodeStatus(rank, "preempted", addr, f"{inst['InstanceId']}: {why or code}".strip())
+            return NodeStatus(rank, "terminated", addr, f"{inst['InstanceId']}: {why or code}".strip())
+        mapped = {"pending": "pending", "running": "running", "stopping": "stopped", "stopped": "stopped"}
+        return NodeStatus(rank, mapped.get(state, state), addr, inst["InstanceId"])
+
+    # ---- terminate ----
+
+    def terminate(self, cluster: Cluster) -> None:
+        profile = self._profile(cluster)
+        ids_by_region: dict[str, set[str]] = {}
+        for n in self.store.nodes(cluster.id):
+            if n.instance_id and n.meta.get("region"):
+                ids_by_region.setdefault(n.meta["region"], set()).add(n.instance_id)
+        left: list[str] = []
+        for region in self._regions_of(cluster):
+            left += self.teardown(region, cluster.id, profile, known_ids=ids_by_region.get(region, set()),
+                                  cluster=cluster)
+        self._write_ssh_config(exclude=cluster.id)
+        drop_key(cluster.id)
+        if left:
+            raise ProviderError(f"{cluster.name}: resources tagged {TAG_CLUSTER}={cluster.id} remain after down:\n"
+                                + "\n".join(f"  - {x}" for x in left),
+                                hint=f"run `gtrain down {cluster.name}` again, or `gtrain gc --yes`")
+
+    # ---- price ----
+
+    def price(self, cluster: Cluster, interval: CostInterval) -> IntervalCost:
+        node = next((n for n in self.store.nodes(cluster.id) if n.rank == interval.node_rank), None)
+        meta: dict[str, Any] = node.meta if node is not None else {}
+        stop = interval.stopped_at or time.time()
+        seconds = max(0.0, stop - interval.started_at)
+        billed = billed_seconds(seconds, self.billing_minimum_s)
+        notes: list[str] = []
+        estimate = False
+        if interval.market == "spot":
+            od = float(meta.get("price_ondemand") or 0.0)
+            catalog_spot = float(meta.get("price_spot_catalog") or interval.price_per_hour)
+            rate, why = self._spot_rate(cluster, meta, interval.started_at, stop, od)
+            if rate is None:
+                rate, estimate = catalog_spot, True
+                notes.append(f"spot: {why}; used the catalog's spot estimate ${catalog_spot:g}/h")
+            else:
+                notes.append(f"spot: ${rate:.4f}/h averaged from the spot price history")
+        else:
+            rate = interval.price_per_hour
+            notes.append(f"on-demand ${rate:g}/h stored at start")
+        compute = billed * rate / 3600.0
+        disk = float(meta.get("disk_gb") or 0)
+        ebs_rate = self._ebs_rate(meta.get("region") or cluster.region)
+        ebs = disk_cost(disk, ebs_rate, billed)
+        if seconds and seconds < self.billing_minimum_s:
+            notes.append(f"billed the {self.billing_minimum_s:.0f} s minimum")
+        if disk:
+            notes.append(f"EBS gp3 {disk:g} GB ${ebs:.6f}")
+        return IntervalCost(round(compute + ebs, 6), estimate=estimate, note="; ".join(notes))
+
+    def _spot_rate(self, cluster: Cluster, meta: dict[str, Any], start: float, stop: float,
+                   on_demand: float) -> tuple[float | None, str]:
+        """Time-weighted spot $/h over [start, stop] from the price history, or (None, why not)."""
+        region, zone, itype = meta.get("region") or cluster.region, meta.get("zone"), meta.get("instance_type")
+        if not (region and zone and itype):
+            return None, "no zone recorded for this node"
+        key = (region, zone, itype, int(start), int(stop))
+        points = self._spot_cache.get(key)
+        if points is None:
+            try:
+                ec2 = self.ec2(region, self._profile(cluster))
+                pts: list[tuple[float, float]] = []
+                with api.call(f"{region}: describe_spot_price_history"):
+                    for page in ec2.get_paginator("describe_spot_price_history").paginate(
+                            InstanceTypes=[itype], ProductDescriptions=["Linux/UNIX"], AvailabilityZone=zone,
+                            StartTime=dt.datetime.fromtimestamp(start, dt.UTC),
+                            EndTime=dt.datetime.fromtimestamp(max(stop, start + 1), dt.UTC)):
+                        for p in page["SpotPriceHistory"]:
+                            pts.append((api.epoch(p["Timestamp"]), float(p["SpotPrice"])))
+            except GtrainError as e:
+                return None, f"spot price history unavailable ({e.message[:120]})"
+            points = sorted(pts)
+            self._spot_cache[key] = points
+        if not points:
+            return None, "no spot price history for this interval"
+        # the first record is the price in effect at `start` (AWS returns the last change before it)
+        total = 0.0
+        span = max(stop - start, 1e-9)
+        for i, (ts, p) in enumerate(points):
+            seg_start = start if i == 0 else max(ts, start)
+            seg_end = min(points[i + 1][0], stop) if i + 1 < len(points) else stop
+            if seg_end > seg_start:
+                total += p * (seg_end - seg_start)
+        rate = total / span if stop > start else points[0][1]
+        lo = min(p for _, p in points)
+        if on_demand and (lo < SPOT_IMPLAUSIBLE_FRACTION * on_demand or rate > on_demand * 1.0001):
+            return None, (f"the spot price history is implausible (${lo:g}/h against ${on_demand:g}/h on-demand)")
+        return rate, ""

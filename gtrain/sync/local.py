@@ -1,0 +1,110 @@
+"""The local side of a sync: scanning a directory, hashing files, our temp files (named so that only we
+match them, cleaned up by the next sync) and the check that keeps a remote key inside the destination."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from gtrain.errors import SyncError
+from gtrain.sync.model import Digests, RemoteURL
+
+TMP_TAG = ".gtrain-part"
+"""Temp downloads are ``.<name>.<random>.gtrain-part`` (plus the SDK's own suffix) next to the final file."""
+_TMP_RE = re.compile(r"^\..+\.[0-9a-f]{8}\.gtrain-part(\.[A-Za-z0-9]+)?$")
+_SKIP_DIRS = {".gtrain-partial"}  # gtrain pull's staging folder
+_HASH_CHUNK = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class LocalFile:
+    size: int
+    mtime_ns: int
+
+
+def safe_rel_from_key(url: RemoteURL, key: str) -> str:
+    """The relative local path for ``key``; SyncError for a key that would escape the destination."""
+    rel = key[len(url.key_prefix):]
+    parts = rel.split("/")
+    if (not rel or rel.startswith("/") or any(p in ("", ".", "..") for p in parts)
+            or "\\" in rel or "\x00" in rel):
+        raise SyncError(f"refusing remote key {key!r} in {url}: it would land outside the destination "
+                        f"(empty, '.', '..' or absolute path components)",
+                        hint="rename or remove the object; nothing was downloaded")
+    return rel
+
+
+def hash_file(path: Path) -> Digests:
+    sha, md5 = hashlib.sha256(), hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            sha.update(chunk)
+            md5.update(chunk)
+    return Digests(sha.hexdigest(), md5.hexdigest())
+
+
+def is_tmp(name: str) -> bool:
+    return TMP_TAG in name and bool(_TMP_RE.match(name))
+
+
+def scan_local(root: Path) -> dict[str, LocalFile]:
+    """Regular files under ``root`` (symlinks to files followed, symlinked directories not entered,
+    our own temp files and gtrain pull's staging folder left out), keyed by ``/``-separated relative path."""
+    out: dict[str, LocalFile] = {}
+    if not root.is_dir():
+        return out
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS]
+        base = os.path.relpath(dirpath, root)
+        for name in filenames:
+            if is_tmp(name):
+                continue
+            full = os.path.join(dirpath, name)
+            try:
+                st = os.stat(full)
+            except FileNotFoundError:  # vanished, or a dangling symlink
+                continue
+            if not _stat_is_file(st):
+                continue
+            rel = name if base == "." else f"{base.replace(os.sep, '/')}/{name}"
+            out[rel] = LocalFile(st.st_size, st.st_mtime_ns)
+    return out
+
+
+def _stat_is_file(st: os.stat_result) -> bool:
+    import stat as _stat
+
+    return _stat.S_ISREG(st.st_mode)
+
+
+def clean_tmp(root: Path) -> int:
+    n = 0
+    if not root.is_dir():
+        return 0
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS]
+        for name in filenames:
+            if is_tmp(name):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(dirpath, name))
+                    n += 1
+    return n
+
+
+def tmp_path(final: Path) -> Path:
+    """A fresh temp path next to ``final`` that :func:`is_tmp` recognises."""
+    return final.parent / f".{final.name}.{os.urandom(4).hex()}{TMP_TAG}"
+
+
+def unlink_tmp(tmp: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    # an SDK that stages into "<tmp>.<random>" (s3transfer) may leave its own temp behind on failure
+    with contextlib.suppress(OSError):
+        for leftover in tmp.parent.glob(tmp.name + ".*"):
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
