@@ -1,6 +1,7 @@
 """Benchmark ``gtrain sync`` (not a test): 1,000 small files + a few large ones, against local servers.
 
-* S3: gtrain vs ``aws s3 sync`` (awscli v1 in its own venv: it pins its own botocore) on the same moto server;
+* S3: the ``gtrain sync`` command vs the ``aws s3 sync`` command (awscli v1 in its own venv: it pins its own
+  botocore), each a new process, on the same moto server;
 * GCS: gtrain vs google-cloud-storage's ``transfer_manager`` used naively (``upload_many_from_filenames`` /
   ``download_many_to_path``, one blob per file, threads) on fake-gcs-server;
 * and a no-change re-sync of the 1,000 small files (target: < 1 s).
@@ -30,6 +31,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -147,16 +149,23 @@ def main() -> None:
             subprocess.run([str(aws), "s3", "sync", a, b, "--only-show-errors"], check=True)
 
         s3: dict[str, Any] = {}
-        s3["upload_gtrain_s"], r = timed(lambda: sync(str(src), "s3://bench/gtrain"))
+        # Both sides as a user runs them: the `gtrain sync` command vs the `aws s3 sync` command (each a new
+        # process, interpreter start and SDK import included).
+        def gt_sync(a: str, b: str) -> SimpleNamespace:
+            out = subprocess.run([sys.executable, "-m", "gtrain", "sync", a, b, "--json"], check=True,
+                                 capture_output=True, text=True).stdout
+            return SimpleNamespace(**json.loads(out))
+
+        s3["upload_gtrain_s"], r = timed(lambda: gt_sync(str(src), "s3://bench/gtrain"))
         assert r.uploaded == args.small + args.large, r
         s3["upload_awscli_s"], _ = timed(lambda: aws_sync(str(src), "s3://bench/awscli"))
-        noop = [timed(lambda: sync(str(src), "s3://bench/gtrain")) for _ in range(3)]
+        noop = [timed(lambda: gt_sync(str(src), "s3://bench/gtrain")) for _ in range(3)]
         assert all(x[1].uploaded == 0 and x[1].hashed == 0 for x in noop)
         s3["noop_resync_gtrain_s"] = [round(t, 3) for t, _ in noop]
-        noop_small = [timed(lambda: sync(str(src / "small"), "s3://bench/gtrain/small")) for _ in range(3)]
+        noop_small = [timed(lambda: gt_sync(str(src / "small"), "s3://bench/gtrain/small")) for _ in range(3)]
         s3["noop_resync_1000_small_gtrain_s"] = [round(t, 3) for t, _ in noop_small]
         s3["noop_resync_awscli_s"], _ = timed(lambda: aws_sync(str(src), "s3://bench/awscli"))
-        s3["download_gtrain_s"], r = timed(lambda: sync("s3://bench/gtrain", str(work / "s3-down-gtrain")))
+        s3["download_gtrain_s"], r = timed(lambda: gt_sync("s3://bench/gtrain", str(work / "s3-down-gtrain")))
         assert r.downloaded == args.small + args.large, r
         s3["download_awscli_s"], _ = timed(lambda: aws_sync("s3://bench/awscli", str(work / "s3-down-awscli")))
         results["s3"] = s3

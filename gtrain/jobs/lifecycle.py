@@ -272,6 +272,10 @@ def refresh_job(cluster: Cluster, job: JobRecord, ctx: Context, *, fail_fast: bo
     names = [s.get("state") for s in states]
     dead = [i for i, n in enumerate(names) if n in ("failed", "missing", "unreachable")]
     alive = [i for i, n in enumerate(names) if n in ("running", "pending")]
+    orphaned = [i for i, s in enumerate(states) if s.get("orphans")]
+    if orphaned:  # a node whose agent died left workers running: end them whatever the job's fate
+        ctx.report.warn(f"job {job.id}: ending workers left behind on node(s) {orphaned}")
+        parallel(lambda i: _node_cancel(runners[i], job.id), orphaned)
     if fail_fast and dead and alive:
         # One node's job died (or its node did) while the others wait in a collective: stop them instead
         # of letting them hang until a timeout.

@@ -70,6 +70,40 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
+def job_pids(job_id: str) -> list[int]:
+    """Processes of a job found by the GTRAIN_JOB_ID in their environment: torchrun starts its workers in
+    sessions of their own, so a worker orphaned by a killed agent is in no process group of ours."""
+    needle = f"\0GTRAIN_JOB_ID={job_id}\0".encode()
+    me = os.getpid()
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == me:
+            continue
+        try:
+            with open(f"/proc/{d}/environ", "rb") as f:
+                env = b"\0" + f.read()
+        except OSError:
+            continue
+        if needle in env and _alive(int(d)):
+            out.append(int(d))
+    return out
+
+
+def _kill_pids(pids: list[int], grace: float) -> None:
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        left = [p for p in pids if _alive(p)]
+        if not left:
+            return
+        for p in left:
+            try:
+                os.kill(p, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.time() + wait
+        while time.time() < deadline and any(_alive(p) for p in left):
+            time.sleep(0.05)
+
+
 def free_port() -> int:
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.bind(("", 0))
@@ -116,6 +150,9 @@ def job_state(job_dir: str) -> dict[str, object]:
             # launch.sh died without writing its end: killed, OOM, node rebooted
             st["state"] = "cancelled" if os.path.exists(os.path.join(job_dir, "cancel")) else "failed"
             st["lost"] = True
+    if st.get("state") in TERMINAL:
+        # workers left behind by a dead agent still hold CPUs/GPUs: say so, `cancel` ends them
+        st["orphans"] = len(job_pids(os.path.basename(os.path.normpath(job_dir))))
     if st.get("state") in TERMINAL and st.get("exit_code") is None:
         st["exit_code"] = node_exit_code(ranks, st.get("agent_rc"))
     return st
@@ -134,6 +171,10 @@ def cancel(job_dir: str, grace: str = "10") -> dict[str, object]:
     """Stop a job: TERM its process group, then KILL after ``grace`` seconds. Idempotent."""
     if not os.path.isdir(job_dir):
         return {"state": "missing"}
+    job_id = os.path.basename(os.path.normpath(job_dir))
+    if job_state(job_dir).get("state") in TERMINAL:  # over already (maybe failed): only end what it left behind
+        _kill_pids(job_pids(job_id), float(grace))
+        return job_state(job_dir)
     with open(os.path.join(job_dir, "cancel"), "w") as f:
         f.write(str(time.time()))
     pid_txt = (_read(os.path.join(job_dir, "pid")) or "").strip()
@@ -149,6 +190,8 @@ def cancel(job_dir: str, grace: str = "10") -> dict[str, object]:
                 time.sleep(0.05)
             if not _group_alive(pgid):
                 break
+    # and whatever of the job is left outside that group (workers in their own sessions, orphans)
+    _kill_pids(job_pids(job_id), float(grace))
     st = job_state(job_dir)
     if st.get("state") not in TERMINAL:
         st = {"state": "cancelled", "exit_code": 130, "pid": None, "time": time.time()}

@@ -71,7 +71,12 @@ class S3Backend:
                 import boto3
                 from botocore.config import Config
 
-                client = boto3.session.Session().client("s3", config=Config(
+                session = boto3.session.Session()
+                # Keep timestamps as the strings S3 sends: nothing here reads LastModified, and parsing one
+                # per listed object with dateutil costs ~0.1 s per 1,000 objects (awscli does the same).
+                session._session.get_component("response_parser_factory").set_parser_defaults(
+                    timestamp_parser=lambda value: value)
+                client = session.client("s3", config=Config(
                     max_pool_connections=2 * workers + 4, retries={"mode": "standard", "max_attempts": 5}))
         self.client = client
         self.threshold = max(multipart_threshold, _S3_MIN_PART)

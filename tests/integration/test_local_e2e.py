@@ -158,6 +158,13 @@ def test_node_dies_mid_job_reported_failed_and_rest_stopped(cluster: Path, gtrai
     assert final.status == "failed" and final.exit_code != 0
     assert time.monotonic() - t0 < 60  # node 0 was stopped, not left hanging in a collective
     assert final.info["nodes"][0]["state"] in ("cancelled", "failed")
+    # torchrun starts workers in sessions of their own: the dead node's orphaned ranks must not live on
+    from gtrain.remote.nodeside import job_pids
+
+    deadline = time.monotonic() + 30
+    while job_pids(job.job_id) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert job_pids(job.job_id) == []
 
 
 def test_run_one_command_then_down_twice(workdir: Path, gtrain_home: Path, tmp_path: Path) -> None:
