@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from gtrain.cluster import Context, DownResult, UpResult
-    from gtrain.cost.report import CostReport
+    from gtrain.costs.report import CostReport
     from gtrain.jobs.lifecycle import LaunchResult, LogLine
     from gtrain.spec import ClusterSpec
     from gtrain.state import Job
@@ -146,7 +146,7 @@ def status(cluster: str | None = None, *, refresh: bool = True, report: Reporter
 
 
 def cost(*, report: Reporter | None = None) -> list[CostReport]:
-    from gtrain.cost.report import history
+    from gtrain.costs.report import history
 
     ctx = _ctx(report)
     try:

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gtrain.cost.report import CostReport, cluster_cost
+from gtrain.costs.report import CostReport, cluster_cost
 from gtrain.errors import ClusterNotFound, GtrainError
 from gtrain.events import SILENT, Reporter
 from gtrain.providers import get_provider

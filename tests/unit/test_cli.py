@@ -118,3 +118,13 @@ def test_down_twice_and_cost_history(tmp_path: Path) -> None:
     hist = json.loads(gtrain("cost", "--json").stdout)
     assert [c["cluster"] for c in hist["clusters"]] == ["twice"]
     assert hist["clusters"][0]["node_hours"] > 0
+
+
+def test_no_module_shadows_an_api_function() -> None:
+    """Importing gtrain.X sets the attribute X on the package: no module may share an API function's name."""
+    import pkgutil
+
+    import gtrain
+
+    modules = {m.name for m in pkgutil.iter_modules(gtrain.__path__)}
+    assert not modules & set(gtrain.__all__), modules & set(gtrain.__all__)

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from gtrain.cost.report import cluster_cost
+from gtrain.costs.report import cluster_cost
 from gtrain.providers.base import IntervalCost, NodeStatus, Plan, Provider
 from gtrain.spec import ClusterSpec
 from gtrain.state import Cluster, CostInterval, StateStore
