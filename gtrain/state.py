@@ -340,7 +340,7 @@ class StateStore:
             )
             return int(cur.lastrowid or 0)
 
-    def mark_resource(self, rid: int, status: str, *, ref: str | None = None,
+    def mark_resource(self, rid: int, status: str, *, ref: str | None = None,  # created|deleted|not-created|…
                       meta: dict[str, Any] | None = None) -> None:
         sets: list[str] = ["status=?"]
         vals: list[Any] = [status]
@@ -359,7 +359,7 @@ class StateStore:
     def resources(self, cluster_id: str, *, live_only: bool = False) -> list[Resource]:
         q = "SELECT * FROM resources WHERE cluster_id=?"
         if live_only:
-            q += " AND status != 'deleted'"
+            q += " AND status NOT IN ('deleted', 'not-created')"
         rows = self.conn.execute(q + " ORDER BY id", (cluster_id,))
         return [Resource(r["id"], r["cluster_id"], r["kind"], r["ref"], r["region"], r["status"], r["created_at"],
                          r["deleted_at"], json.loads(r["meta_json"])) for r in rows]

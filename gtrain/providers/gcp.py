@@ -361,7 +361,7 @@ class GCPProvider(GCPTeardown, Provider):
                 api.wait_global_op(self.clients, project, op.name, f"firewalls.insert {fw.name}")
             except GtrainError as e:
                 if api.code(e) != "alreadyExists":
-                    self._mark(rid, "deleted")
+                    self._mark(rid, "not-created")
                     raise
             self._mark(rid, "created")
             made.append(fw.name)
@@ -417,7 +417,7 @@ class GCPProvider(GCPTeardown, Provider):
                         if name not in made:
                             made.append(name)
             except GtrainError:
-                self._mark(rid, "deleted")
+                self._mark(rid, "not-created")
                 raise
             self._mark(rid, "created")
             self.report.node(rank, f"{name} created in {zone}")

@@ -102,7 +102,7 @@ class AWSInstances(AWSBase):
                 with api.call(f"run_instances ({itype}, {zone})"):
                     inst = ec2.run_instances(**params)["Instances"][0]
             except GtrainError:
-                self._mark(rid, "deleted")  # nothing was made
+                self._mark(rid, "not-created")
                 raise
             with made_lock:
                 made.append(inst["InstanceId"])

@@ -175,10 +175,10 @@ class AWSNetwork(AWSBase):
                     {"ResourceType": "placement-group", "Tags": api.tags(tags)}])
         except ProviderError as e:
             if api.error_code(e) == "InvalidPlacementGroup.Duplicate":
-                self._mark(rid, "deleted")  # made by an earlier run; that run's ledger row owns it
+                self._mark(rid, "not-created")  # made by an earlier run; that run's ledger row owns it
                 reg.pg_name = name
                 return
-            self._mark(rid, "deleted")
+            self._mark(rid, "not-created")
             if required or isinstance(e, CredentialsError | QuotaError):
                 raise
             self.report.warn(f"{reg.name}: no cluster placement group ({e.message}); nodes may land farther apart")
