@@ -32,7 +32,7 @@ def gc(
     store = StateStore()
     try:
         if provider == "gcp":
-            from gtrain.providers.gcp_gc import gc as gcp_sweep
+            from gtrain.providers.gcp.gc import gc as gcp_sweep
 
             res = gcp_sweep(project, live_cluster_ids(store, "gcp"), yes, store=store, report=out.CLIReporter(),
                             regions=list(region) if region else None)

@@ -17,8 +17,8 @@ from gtrain import cluster as core
 from gtrain.cluster import Context
 from gtrain.errors import CapacityError, ConfigError, QuotaError
 from gtrain.providers.common import HOURS_PER_MONTH, key_path
-from gtrain.providers.gcp import PD_USD_PER_GB_MONTH, GCPProvider
-from gtrain.providers.gcp_api import compute_endpoint
+from gtrain.providers.gcp.api import compute_endpoint
+from gtrain.providers.gcp.provider import PD_USD_PER_GB_MONTH, GCPProvider
 from gtrain.spec import ClusterSpec, parse_spec
 from gtrain.state import CostInterval, StateStore
 from tests.fixtures.fake_gce import PROJECT, FakeGCE
@@ -386,7 +386,7 @@ def test_clients_injected_through_the_constructor(fake_gce: FakeGCE, monkeypatch
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import compute_v1
 
-    from gtrain.providers.gcp_api import GCEClients
+    from gtrain.providers.gcp.api import GCEClients
 
     monkeypatch.delenv("CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE")  # only the injected clients know the fake
     kw: dict[str, Any] = {"credentials": AnonymousCredentials(), "transport": "rest",

@@ -33,7 +33,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from gtrain.errors import CapacityError, ConfigError, GtrainError, ProviderError, QuotaError
 from gtrain.events import SILENT, Reporter
-from gtrain.providers import gcp_api as api
 from gtrain.providers.base import IntervalCost, NodeStatus, Plan, Provider
 from gtrain.providers.common import (
     Attempts,
@@ -49,8 +48,9 @@ from gtrain.providers.common import (
     wait_ssh,
     write_ssh_config,
 )
-from gtrain.providers.gcp_api import LABEL_CLUSTER, LABEL_RANK, GCEClients, gce
-from gtrain.providers.gcp_teardown import GCPTeardown
+from gtrain.providers.gcp import api
+from gtrain.providers.gcp.api import LABEL_CLUSTER, LABEL_RANK, GCEClients, gce
+from gtrain.providers.gcp.teardown import GCPTeardown
 
 if TYPE_CHECKING:
     from gtrain.catalog import Offer

@@ -19,8 +19,8 @@ def gc(project: str | None, live_ids: set[str], delete: bool, *, store: StateSto
        regions: list[str] | None = None, clients: Any = None) -> GCResult:
     """Sweep one project (``None``: the environment's). ``regions`` limits the instances looked at to zones of
     those regions (firewall rules are global and always looked at)."""
-    from gtrain.providers import gcp_api as api
-    from gtrain.providers.gcp import GCPProvider, gcp_options
+    from gtrain.providers.gcp import api
+    from gtrain.providers.gcp.provider import GCPProvider, gcp_options
 
     provider = GCPProvider(store, report, clients=clients)
     proj = provider.project(gcp_options({"project": project} if project else {}))

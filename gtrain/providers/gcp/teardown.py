@@ -1,5 +1,5 @@
 """Finding and deleting what a gcp cluster owns: instances by label (all zones, one aggregatedList), firewall
-rules by name. Mixed into :class:`gtrain.providers.gcp.GCPProvider`; used by ``down`` and ``gtrain gc``."""
+rules by name. Mixed into :class:`gtrain.providers.gcp.provider.GCPProvider`; used by ``down`` and ``gtrain gc``."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from gtrain.errors import ProviderError
-from gtrain.providers import gcp_api as api
-from gtrain.providers.gcp_api import LABEL_CLUSTER, GCEClients, gce
+from gtrain.providers.gcp import api
+from gtrain.providers.gcp.api import LABEL_CLUSTER, GCEClients, gce
 
 if TYPE_CHECKING:
     from gtrain.events import Reporter
