@@ -23,7 +23,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gtrain.errors import CapacityError, ConfigError, GtrainError, QuotaError, RemoteError
 from gtrain.state import gtrain_home
@@ -301,3 +303,30 @@ class GCResult:
 def live_cluster_ids(store: StateStore, provider: str) -> set[str]:
     """Ids of the clusters of ``provider`` that state still owns (anything not terminated)."""
     return {c.id for c in store.list_clusters() if c.provider == provider}
+
+
+class CloudOptions(BaseModel):
+    """What the cloud sections (``aws:``, ``gcp:``) share: who may reach port 22, how gtrain gets there,
+    how long it waits. Subclasses say what ``%h`` is in their proxy command."""
+
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+    proxy_host: ClassVar[str] = "the instance"
+    proxy_example: ClassVar[str] = "ssh -W %h:22 bastion"
+
+    ssh_cidr: str = Field("auto", description="who may reach port 22: 'auto' = this machine's public /32")
+    ssh_proxy_command: str | None = Field(None, description="OpenSSH ProxyCommand; %h = the instance")
+    wait_ssh: bool = Field(True, description="wait until every node answers over SSH")
+    ssh_timeout_s: float = Field(900, gt=0)
+    poll_s: float = Field(2.0, gt=0, le=60)
+
+    @field_validator("ssh_cidr")
+    @classmethod
+    def _cidr(cls, v: str) -> str:
+        return check_cidr(v)
+
+    @field_validator("ssh_proxy_command")
+    @classmethod
+    def _proxy(cls, v: str | None) -> str | None:
+        if v is not None and "%h" not in v:
+            raise ValueError(f"must contain %h ({cls.proxy_host}), e.g. '{cls.proxy_example}'")
+        return v

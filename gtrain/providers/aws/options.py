@@ -2,26 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from gtrain.providers.common import check_cidr
+from gtrain.providers.common import CloudOptions
 
 __all__ = ["AWSOptions", "aws_options"]
 
 
-class AWSOptions(BaseModel):
-    """The ``aws:`` section of a spec."""
+class AWSOptions(CloudOptions):
+    """The ``aws:`` section of a spec (ssh_cidr, ssh_proxy_command, wait_ssh, ssh_timeout_s, poll_s: CloudOptions)."""
 
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+    proxy_host: ClassVar[str] = "the instance id"
+    proxy_example: ClassVar[str] = "aws ssm start-session --target %h --document-name AWS-StartSSHSession"
 
     profile: str | None = Field(None, description="boto3 profile; endpoint from AWS_ENDPOINT_URL as boto3 does")
-    ssh_cidr: str = Field("auto", description="who may reach port 22: 'auto' = this machine's public /32")
-    ssh_proxy_command: str | None = Field(None, description="OpenSSH ProxyCommand, %h = instance id (SSM)")
     ssh_user: str = "ubuntu"
-    wait_ssh: bool = Field(True, description="wait until every node answers over SSH")
-    ssh_timeout_s: float = Field(900, gt=0)
     host_key_wait_s: float = Field(120, ge=0, description="how long to wait for host keys in the console output")
     placement_group: bool | None = Field(None, description="cluster placement group; default: multi-node only")
     efa: bool | None = Field(None, description="EFA interface; default: where the catalog says the type has it")
@@ -29,20 +26,6 @@ class AWSOptions(BaseModel):
     image_owner: str = "amazon"
     instance_profile: str | None = Field(None, description="IAM instance profile name or ARN for the nodes")
     tags: dict[str, str] = Field(default_factory=dict)
-    poll_s: float = Field(2.0, gt=0, le=60)
-
-    @field_validator("ssh_cidr")
-    @classmethod
-    def _cidr(cls, v: str) -> str:
-        return check_cidr(v)
-
-    @field_validator("ssh_proxy_command")
-    @classmethod
-    def _proxy(cls, v: str | None) -> str | None:
-        if v is not None and "%h" not in v:
-            raise ValueError("must contain %h (the instance id), e.g. "
-                             "'aws ssm start-session --target %h --document-name AWS-StartSSHSession'")
-        return v
 
     @field_validator("tags")
     @classmethod

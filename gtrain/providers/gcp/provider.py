@@ -27,7 +27,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -36,8 +36,8 @@ from gtrain.events import SILENT, Reporter
 from gtrain.providers.base import IntervalCost, NodeStatus, Plan, Provider
 from gtrain.providers.common import (
     Attempts,
+    CloudOptions,
     billed_seconds,
-    check_cidr,
     disk_cost,
     drop_key,
     ensure_key,
@@ -73,17 +73,14 @@ DEFAULT_IMAGE_FAMILY = "common-cu124-ubuntu-2204-py310"
 LIVE = ("PROVISIONING", "STAGING", "RUNNING")
 
 
-class GCPOptions(BaseModel):
-    """The ``gcp:`` section of a spec."""
+class GCPOptions(CloudOptions):
+    """The ``gcp:`` section of a spec (ssh_cidr, ssh_proxy_command, wait_ssh, ssh_timeout_s, poll_s: CloudOptions)."""
 
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+    proxy_host: ClassVar[str] = "the instance name"
+    proxy_example: ClassVar[str] = "gcloud compute start-iap-tunnel %h 22 --listen-on-stdin --zone ZONE"
 
     project: str | None = Field(None, description="else GOOGLE_CLOUD_PROJECT / gcloud's / the credentials' project")
-    ssh_cidr: str = Field("auto", description="who may reach port 22: 'auto' = this machine's public /32")
-    ssh_proxy_command: str | None = Field(None, description="OpenSSH ProxyCommand, %h = instance name (IAP)")
     ssh_user: str = Field("gtrain", pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
-    wait_ssh: bool = True
-    ssh_timeout_s: float = Field(900, gt=0)
     host_key_wait_s: float = Field(0, ge=0, description="how long to wait for host keys in guest attributes")
     network: str = "default"
     subnetwork: str | None = None
@@ -93,20 +90,6 @@ class GCPOptions(BaseModel):
     image_family: str = DEFAULT_IMAGE_FAMILY
     service_account: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
-    poll_s: float = Field(2.0, gt=0, le=60)
-
-    @field_validator("ssh_cidr")
-    @classmethod
-    def _cidr(cls, v: str) -> str:
-        return check_cidr(v)
-
-    @field_validator("ssh_proxy_command")
-    @classmethod
-    def _proxy(cls, v: str | None) -> str | None:
-        if v is not None and "%h" not in v:
-            raise ValueError("must contain %h (the instance name), e.g. 'gcloud compute start-iap-tunnel %h 22 "
-                             "--listen-on-stdin --zone ZONE'")
-        return v
 
     @field_validator("project")
     @classmethod
