@@ -26,8 +26,7 @@ from gtrain.providers.aws.teardown import AWSTeardown
 from gtrain.providers.base import IntervalCost, NodeStatus, Plan
 from gtrain.providers.common import (
     Attempts,
-    billed_seconds,
-    disk_cost,
+    cloud_interval_cost,
     drop_key,
     resolve_ssh_cidr,
     ssh_notes,
@@ -316,32 +315,18 @@ class AWSProvider(AWSInstances, AWSNetwork, AWSTeardown):
     def price(self, cluster: Cluster, interval: CostInterval) -> IntervalCost:
         node = next((n for n in self.store.nodes(cluster.id) if n.rank == interval.node_rank), None)
         meta: dict[str, Any] = node.meta if node is not None else {}
-        stop = interval.stopped_at or time.time()
-        seconds = max(0.0, stop - interval.started_at)
-        billed = billed_seconds(seconds, self.billing_minimum_s)
-        notes: list[str] = []
-        estimate = False
+        spot: tuple[float, bool, str] | None = None
         if interval.market == "spot":
+            stop = interval.stopped_at or time.time()
             od = float(meta.get("price_ondemand") or 0.0)
             catalog_spot = float(meta.get("price_spot_catalog") or interval.price_per_hour)
             rate, why = self._spot_rate(cluster, meta, interval.started_at, stop, od)
-            if rate is None:
-                rate, estimate = catalog_spot, True
-                notes.append(f"spot: {why}; used the catalog's spot estimate ${catalog_spot:g}/h")
-            else:
-                notes.append(f"spot: ${rate:.4f}/h averaged from the spot price history")
-        else:
-            rate = interval.price_per_hour
-            notes.append(f"on-demand ${rate:g}/h stored at start")
-        compute = billed * rate / 3600.0
-        disk = float(meta.get("disk_gb") or 0)
-        ebs_rate = self._ebs_rate(meta.get("region") or cluster.region)
-        ebs = disk_cost(disk, ebs_rate, billed)
-        if seconds and seconds < self.billing_minimum_s:
-            notes.append(f"billed the {self.billing_minimum_s:.0f} s minimum")
-        if disk:
-            notes.append(f"EBS gp3 {disk:g} GB ${ebs:.6f}")
-        return IntervalCost(round(compute + ebs, 6), estimate=estimate, note="; ".join(notes))
+            spot = ((catalog_spot, True, f"spot: {why}; used the catalog's spot estimate ${catalog_spot:g}/h")
+                    if rate is None else (rate, False, f"spot: ${rate:.4f}/h averaged from the spot price history"))
+        return cloud_interval_cost(interval, minimum_s=self.billing_minimum_s, spot=spot,
+                                   disk_gb=float(meta.get("disk_gb") or 0),
+                                   disk_usd_per_gb_month=self._ebs_rate(meta.get("region") or cluster.region),
+                                   disk_label="EBS gp3")
 
     def _spot_rate(self, cluster: Cluster, meta: dict[str, Any], start: float, stop: float,
                    on_demand: float) -> tuple[float | None, str]:

@@ -37,8 +37,7 @@ from gtrain.providers.base import IntervalCost, NodeStatus, Plan, Provider
 from gtrain.providers.common import (
     Attempts,
     CloudOptions,
-    billed_seconds,
-    disk_cost,
+    cloud_interval_cost,
     drop_key,
     ensure_key,
     key_path,
@@ -563,27 +562,14 @@ class GCPProvider(GCPTeardown, Provider):
     def price(self, cluster: Cluster, interval: CostInterval) -> IntervalCost:
         node = next((n for n in self.store.nodes(cluster.id) if n.rank == interval.node_rank), None)
         meta: dict[str, Any] = node.meta if node is not None else {}
-        stop = interval.stopped_at or time.time()
-        seconds = max(0.0, stop - interval.started_at)
-        billed = billed_seconds(seconds, self.billing_minimum_s)
-        notes: list[str] = []
-        estimate = False
-        if interval.market == "spot":
-            rate = float(meta.get("price_spot_catalog") or interval.price_per_hour)
-            estimate = True
-            notes.append(f"Spot: the catalog's estimate ${rate:g}/h (GCE publishes no Spot price history)")
-        else:
-            rate = interval.price_per_hour
-            notes.append(f"on-demand ${rate:g}/h stored at start")
-        compute = billed * rate / 3600.0
-        disk_gb = float(meta.get("disk_gb") or 0)
+        rate = float(meta.get("price_spot_catalog") or interval.price_per_hour)
+        spot = (rate, True, f"Spot: the catalog's estimate ${rate:g}/h (GCE publishes no Spot price history)")
         disk_type = str(meta.get("disk_type") or "pd-balanced")
-        disk = disk_cost(disk_gb, PD_USD_PER_GB_MONTH.get(disk_type, PD_USD_PER_GB_MONTH["pd-balanced"]), billed)
-        if seconds and seconds < self.billing_minimum_s:
-            notes.append(f"billed the {self.billing_minimum_s:.0f} s minimum")
-        if disk_gb:
-            notes.append(f"{disk_type} {disk_gb:g} GB ${disk:.6f}")
-        return IntervalCost(round(compute + disk, 6), estimate=estimate, note="; ".join(notes))
+        return cloud_interval_cost(interval, minimum_s=self.billing_minimum_s, spot=spot,
+                                   disk_gb=float(meta.get("disk_gb") or 0),
+                                   disk_usd_per_gb_month=PD_USD_PER_GB_MONTH.get(
+                                       disk_type, PD_USD_PER_GB_MONTH["pd-balanced"]),
+                                   disk_label=disk_type)
 
 
 def _attached(offer: Offer) -> bool:
