@@ -25,7 +25,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from tests.fixtures.moto_server import MOTO_ENV, _moto_binary, free_port, stop, wait_http  # noqa: E402
+from tests.fixtures.moto_server import MOTO_ENV, _moto_binary  # noqa: E402
+from tests.services import free_port, stop, wait_http  # noqa: E402
 
 
 def main() -> int:
