@@ -93,7 +93,7 @@ def test_upload_download_roundtrip_and_noop_resync(tmp_path: Path, s3: Any, buck
 
 def test_noop_resync_of_1000_files_is_one_listing_under_a_second(tmp_path: Path, bucket: str,
                                                                 moto_server: str) -> None:
-    import boto3
+    from gtrain.sync.s3wire import S3Wire
 
     src = tmp_path / "src"
     src.mkdir()
@@ -105,9 +105,7 @@ def test_noop_resync_of_1000_files_is_one_listing_under_a_second(tmp_path: Path,
     times, requests = [], []
 
     def client() -> Any:
-        c = boto3.client("s3")
-        c.meta.events.register("before-send.s3", lambda request, **_: requests.append(request.method))
-        return c
+        return S3Wire(on_request=lambda method, target: requests.append(method))
 
     for _ in range(2):  # the best of two fresh runs (client made inside the timing): CI machines are shared
         requests.clear()
@@ -359,3 +357,54 @@ def test_bad_locations_are_config_errors(tmp_path: Path, src: str, dst: str, fie
         sync(str(subst.get(src, src)), str(subst.get(dst, dst)))
     assert re.search(match, f"{e.value.message} (hint: {e.value.hint})"), e.value.message
     assert e.value.field == field
+
+
+@pytest.fixture
+def moto_checks_signatures(moto_server: str) -> Iterator[tuple[str, str]]:
+    """An IAM user's key pair, with moto verifying every request's SigV4 signature (it recomputes it with
+    botocore's signer) for the duration of the test."""
+    import urllib.request
+
+    import boto3
+
+    iam = boto3.client("iam")
+    user = f"sync-{uuid.uuid4().hex[:8]}"
+    iam.create_user(UserName=user)
+    iam.put_user_policy(UserName=user, PolicyName="s3", PolicyDocument='{"Version": "2012-10-17", "Statement": '
+                        '[{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}')
+    key = iam.create_access_key(UserName=user)["AccessKey"]
+
+    def auth_after(n: str) -> None:
+        req = urllib.request.Request(f"{moto_server}/moto-api/reset-auth", data=n.encode(), method="POST",
+                                     headers={"Content-Type": "text/plain"})  # not a form: moto reads the body
+        urllib.request.urlopen(req, timeout=10).read()
+
+    auth_after("0")
+    try:
+        yield key["AccessKeyId"], key["SecretAccessKey"]
+    finally:
+        auth_after("inf")
+
+
+def test_signatures_are_accepted_by_a_verifying_server(tmp_path: Path, bucket: str,
+                                                       moto_checks_signatures: tuple[str, str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    access, secret = moto_checks_signatures
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", access)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    monkeypatch.delenv("AWS_SESSION_TOKEN")
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    files = make_tree(src, n=3)
+    files["big.bin"] = os.urandom(11 * MiB)
+    (src / "big.bin").write_bytes(files["big.bin"])
+    url = f"s3://{bucket}/signed"
+    r = sync(str(src), url, **SMALL_PARTS)  # list, PUTs (odd keys), multipart, then
+    assert r.uploaded == len(files)
+    (src / "f0000.bin").unlink()
+    assert sync(str(src), url, delete=True).deleted == 1  # DeleteObjects
+    assert sync(url, str(dst), **SMALL_PARTS).downloaded == len(files) - 1  # GETs, HEAD, ranged GETs
+    assert read_tree(dst) == {k: v for k, v in files.items() if k != "f0000.bin"}
+
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret[:-1] + ("x" if secret[-1] != "x" else "y"))
+    with pytest.raises(CredentialsError, match="SignatureDoesNotMatch"):
+        sync(str(src), url)
