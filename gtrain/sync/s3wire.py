@@ -45,7 +45,6 @@ from typing import Any
 from xml.etree import ElementTree
 
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
-S3_NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 _RETRY_STATUS = {500, 502, 503, 504}
 _RETRY_CODES = {"SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable", "RequestTimeTooSkewed",
                 "ExpiredToken", "Throttling", "ThrottlingException"}
@@ -429,7 +428,7 @@ def _error(status: int, headers: dict[str, str], body: bytes, bucket: str, key: 
     code, message, region = "", "", headers.get("x-amz-bucket-region")
     if body:
         try:
-            root = ElementTree.fromstring(body)
+            root = parse_xml(body)
             code = (root.findtext("Code") or "").strip()
             message = (root.findtext("Message") or "").strip()
             region = region or root.findtext("Region") or None
@@ -470,13 +469,15 @@ def list_objects(wire: S3Wire, bucket: str, prefix: str) -> Iterator[Listed]:
         if token:
             q["continuation-token"] = token
         r = wire.request("GET", bucket, query=q)
-        root = ElementTree.fromstring(r.body)
-        for c in root.iter(f"{S3_NS}Contents"):
-            yield Listed(urllib.parse.unquote(c.findtext(f"{S3_NS}Key") or ""),
-                         int(c.findtext(f"{S3_NS}Size") or 0), (c.findtext(f"{S3_NS}ETag") or "").strip('"'))
-        if (root.findtext(f"{S3_NS}IsTruncated") or "").lower() != "true":
+        root = parse_xml(r.body)
+        if root.tag != "ListBucketResult":
+            raise S3WireError(r.status, "MalformedResponse", f"ListObjectsV2 answered <{root.tag}>", bucket=bucket)
+        for c in root.iter("Contents"):
+            yield Listed(urllib.parse.unquote(c.findtext("Key") or ""), int(c.findtext("Size") or 0),
+                         (c.findtext("ETag") or "").strip('"'))
+        if (root.findtext("IsTruncated") or "").lower() != "true":
             return
-        token = root.findtext(f"{S3_NS}NextContinuationToken")
+        token = root.findtext("NextContinuationToken")
         if not token:
             return
 
@@ -499,12 +500,17 @@ def delete_xml(keys: list[str]) -> bytes:
 
 
 def parse_xml(body: bytes) -> ElementTree.Element:
-    return ElementTree.fromstring(body)
+    """The document with namespaces dropped from tag names (as botocore's parser does: S3-compatible
+    servers do not all use S3's namespace, and some use none)."""
+    root = ElementTree.fromstring(body)
+    for el in root.iter():
+        if isinstance(el.tag, str) and "}" in el.tag:
+            el.tag = el.tag.rpartition("}")[2]
+    return root
 
 
 def find(root: ElementTree.Element, name: str) -> str | None:
-    v = root.findtext(f"{S3_NS}{name}")
-    return v if v is not None else root.findtext(name)
+    return root.findtext(name)
 
 
 def file_part(path: Path, offset: int, length: int) -> bytes:
