@@ -1,17 +1,36 @@
 """GCS backend of ``gtrain sync`` over google-cloud-storage (imported here only, lazily).
 
-``STORAGE_EMULATOR_HOST`` is honoured by the library itself (anonymous credentials then). google.api_core /
-google.auth / resumable-media errors are translated into gtrain errors here and nowhere else.
+``STORAGE_EMULATOR_HOST`` is honoured by the library itself (anonymous credentials then); every request
+goes to ``client._connection.API_BASE_URL``, so real GCS and an emulator take the same paths. google.api_core
+/ google.auth / resumable-media / urllib3 errors are translated into gtrain errors here and nowhere else.
 
-Integrity: uploads are sent with a crc32c the library computes (``checksum="auto"``; a multipart upload
-carries it for the server to check, a resumable one compares it with the server's at the end and deletes
-a corrupt object), pinned with ``if_generation_match`` to the generation the listing showed (0: must not
-exist), and carry ``gtrain-sha256`` metadata; the md5 GCS reports back is compared with ours. Downloads are
-single-stream (the library verifies crc32c/md5 from ``x-goog-hash``; chunked downloads would not), pinned to
-the listed generation, hashed while streaming, and the engine checks sha256 (else md5). Files larger than
-the threshold use a chunked resumable upload (``chunk_size``, each chunk retried on its own). XML
-multipart / parallel composite uploads (``transfer_manager.upload_chunks_concurrently``) are not used: they
-give composite objects without an md5, and neither emulator supports them.
+Per-file work is what limits a sync of many small files (the Python side, not the network), so uploads and
+downloads skip the ``Blob`` machinery and talk the JSON API directly (:class:`_Wire`): one request per
+file, sent through the client's own session (its transport adapter, TLS settings and credentials; straight
+to that adapter's connection pool unless the session is instrumented with hooks, uses a proxy or overrides
+``request``), conditional requests retried on connection errors / 408 / 429 / 5xx with backoff, a 401
+answered by one credentials refresh.
+
+Integrity, per path:
+
+* small uploads (at most the threshold and 8 MiB): one ``uploadType=multipart`` POST carrying the bytes read
+  once, ``gtrain-sha256`` metadata, the engine's md5 and our crc32c (GCS rejects the upload when the bytes it
+  got do not match them), ``ifGenerationMatch`` = the generation the listing showed (0: must not exist); the
+  md5 and crc32c GCS reports back are compared with ours.
+* large uploads: one resumable session (same metadata, md5 and precondition; GCS refuses to finalize bytes
+  that do not match the md5) fed by ONE streaming PUT read from the file 1 MiB at a time, so memory stays
+  small whatever the size (``part_size`` does not split GCS uploads: each extra chunk is a round trip, and
+  fake-gcs-server's cost per chunk grows with the bytes already held). A broken stream or a 5xx asks the
+  session what it holds and sends the rest. The crc32c of what we sent is compared with the object's (a
+  mismatching object is deleted) and the md5 GCS reports back with ours.
+* downloads: one single-stream GET (``Accept-Encoding: gzip``, so the stored bytes arrive untranscoded) with
+  ``ifGenerationMatch`` = the listed generation, and the generation the response names checked too (where an
+  emulator ignores the precondition); the bytes are hashed while streaming (crc32c, sha256, md5 where the
+  object has no sha256) and compared with ``x-goog-hash``; the engine checks sha256 (else md5). A broken
+  stream is retried from the start (the engine's temp file truncated).
+
+XML multipart / parallel composite uploads (``transfer_manager.upload_chunks_concurrently``) are not used:
+they give composite objects without an md5, and neither emulator supports them.
 """
 
 from __future__ import annotations
@@ -20,9 +39,14 @@ import base64
 import builtins
 import contextlib
 import hashlib
-from collections.abc import Callable, Iterator
+import json
+import os
+import random
+import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
+from urllib.parse import quote, urlencode, urlsplit
 
 from gtrain.errors import ConfigError, CredentialsError, GtrainError, SyncError
 from gtrain.sync.objstore import (
@@ -35,7 +59,12 @@ from gtrain.sync.objstore import (
     RemoteURL,
 )
 
-_CHUNK_UNIT = 256 * 1024  # resumable chunk sizes must be multiples of 256 KiB
+_DIRECT_MAX = 8 * 1024 * 1024  # largest single multipart upload (the library's own limit for one)
+_READ_CHUNK = 1024 * 1024  # download stream reads
+_TIMEOUT = (60.0, 60.0)  # connect, read (the library's default is 60 s)
+_ATTEMPTS = 6  # tries of one request; backoff 1, 2, 4, 8, 16 s (+ jitter) between them
+_RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+_OBJ_FIELDS = "name,size,generation,md5Hash,crc32c,metadata"
 _CRED_HINT = ("run `gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS to a "
               "service-account key file with storage access")
 
@@ -56,17 +85,20 @@ class GCSBackend:
                 client = storage.Client()
             self.client = client
             self._widen_pool(workers)
+            self._wire = _Wire(client)
         self.threshold = multipart_threshold
-        self.chunk_size = max(_CHUNK_UNIT, part_size // _CHUNK_UNIT * _CHUNK_UNIT)
+        self.part_size = part_size  # unused: a large upload is one resumable stream (see the module docstring)
 
     def _widen_pool(self, workers: int) -> None:
-        """requests keeps 10 connections per host by default; give every worker thread its own."""
+        """requests keeps 10 connections per host by default; give every worker thread its own. Only the
+        session's stock adapters are replaced (not, say, google-auth's mutual-TLS one)."""
         with contextlib.suppress(Exception):
             from requests.adapters import HTTPAdapter
 
             http = self.client._http  # the client's AuthorizedSession (a requests.Session)
             for prefix in ("http://", "https://"):
-                http.mount(prefix, HTTPAdapter(pool_connections=4, pool_maxsize=workers + 4))
+                if type(http.adapters.get(prefix)) is HTTPAdapter:
+                    http.mount(prefix, HTTPAdapter(pool_connections=4, pool_maxsize=workers + 4))
 
     # -- error translation: the one place google exceptions become gtrain's
 
@@ -121,8 +153,9 @@ class GCSBackend:
                                  hint="re-run to sync what is there now")
             return SyncError(f"GCS transfer of {where} failed ({status}): {e}", hint="re-run to resume")
         import requests
+        import urllib3
 
-        if isinstance(e, requests.RequestException):
+        if isinstance(e, requests.RequestException | urllib3.exceptions.HTTPError):
             host = getattr(getattr(self, "client", None), "_connection", None)
             base = getattr(host, "API_BASE_URL", "GCS")
             return SyncError(f"cannot reach {base} for {where}: {e}",
@@ -150,32 +183,168 @@ class GCSBackend:
 
     def upload(self, path: Path, url: RemoteURL, key: str, *, size: int, digests: Digests,
                expect: RemoteObject | None, progress: Callable[[int], None]) -> RemoteObject:
+        generation = int(expect.version) if expect is not None else 0
         with self._errors(url, key):
-            bucket = self.client.bucket(url.bucket)
-            blob = bucket.blob(key, chunk_size=self.chunk_size if size > self.threshold else None)
-            blob.metadata = {META_SHA256: digests.sha256}
-            generation = int(expect.version) if expect is not None else 0
-            with open(path, "rb") as f:
-                blob.upload_from_file(_CountingReader(f, progress), size=size, checksum="auto",
-                                      if_generation_match=generation)
-        got = self._obj(blob)
+            if size <= min(self.threshold, _DIRECT_MAX):
+                got = self._upload_direct(path, url, key, size, digests, generation, progress)
+            else:
+                got = self._upload_resumable(path, url, key, size, digests, generation, progress)
         if got.md5 is not None and got.md5 != digests.md5:
             raise SyncError(f"gs://{url.bucket}/{key}: GCS stored md5 {got.md5}, we sent {digests.md5}",
                             hint="the upload was corrupted; re-run")
         return got
 
+    def _upload_direct(self, path: Path, url: RemoteURL, key: str, size: int, digests: Digests, generation: int,
+                       progress: Callable[[int], None]) -> RemoteObject:
+        """One multipart POST: metadata (sha256, md5, crc32c: GCS checks the last two) + the bytes read once."""
+        import google_crc32c
+
+        with open(path, "rb") as f:
+            data = f.read(size + 1)
+        if len(data) != size:
+            raise SyncError(f"{path} changed while it was being read", hint="re-run once it is no longer written")
+        md5 = digests.md5 or hashlib.md5(data, usedforsecurity=False).hexdigest()
+        crc = base64.b64encode(google_crc32c.Checksum(data).digest()).decode()
+        meta = {"name": key, "metadata": {META_SHA256: digests.sha256}, "contentType": "application/octet-stream",
+                "md5Hash": base64.b64encode(bytes.fromhex(md5)).decode(), "crc32c": crc}
+        boundary = f"==gtrain-{os.urandom(16).hex()}=="
+        b = boundary.encode()
+        body = b"".join((b"--", b, b"\r\ncontent-type: application/json; charset=UTF-8\r\n\r\n",
+                         json.dumps(meta).encode(), b"\r\n--", b,
+                         b"\r\ncontent-type: application/octet-stream\r\n\r\n", data, b"\r\n--", b, b"--\r\n"))
+        query = {"uploadType": "multipart", "ifGenerationMatch": str(generation), "fields": _OBJ_FIELDS}
+        ctype = f'multipart/related; boundary="{boundary}"'
+        resource = self._wire.call_json("POST", self._wire.url(f"/upload/storage/v1/b/{quote(url.bucket, safe='')}/o",
+                                                               query), body=body, headers={"Content-Type": ctype})
+        progress(size)
+        got = self._obj_from_resource(resource)
+        if got.crc32c is not None and got.crc32c != crc:
+            raise SyncError(f"gs://{url.bucket}/{key}: GCS stored crc32c {got.crc32c}, we sent {crc}",
+                            hint="the upload was corrupted; re-run")
+        return got
+
+    def _upload_resumable(self, path: Path, url: RemoteURL, key: str, size: int, digests: Digests, generation: int,
+                          progress: Callable[[int], None]) -> RemoteObject:
+        """A resumable session fed by one streaming PUT (one read buffer in memory, whatever the size); after
+        a broken stream or a 5xx the session is asked what it holds and the rest is sent. The md5 goes with
+        the session's metadata (GCS refuses to finalize other bytes); the crc32c of what we sent is compared
+        with the object's, a mismatching object deleted."""
+        import google_crc32c
+
+        wire = self._wire
+        meta = {"name": key, "metadata": {META_SHA256: digests.sha256}, "contentType": "application/octet-stream",
+                "md5Hash": base64.b64encode(bytes.fromhex(digests.md5)).decode()}
+        query = {"uploadType": "resumable", "ifGenerationMatch": str(generation), "fields": _OBJ_FIELDS}
+        session = wire.call("POST", wire.url(f"/upload/storage/v1/b/{quote(url.bucket, safe='')}/o", query),
+                            body=json.dumps(meta).encode(),
+                            headers={"Content-Type": "application/json; charset=UTF-8",
+                                     "X-Upload-Content-Type": "application/octet-stream",
+                                     "X-Upload-Content-Length": str(size)},
+                            consume=lambda resp: resp.headers["Location"])
+
+        def finished(resp: _Response) -> dict[str, Any] | int:
+            """The object resource, or (308: not complete) the offset the session holds up to."""
+            if resp.status == 308:
+                resp.read()
+                held = resp.headers.get("Range")  # "bytes=0-N"
+                return int(held.rpartition("-")[2]) + 1 if held else 0
+            out: dict[str, Any] = json.loads(resp.read())
+            return out
+
+        offset = reported = 0
+        crc: Any = None  # over what this PUT sends: the whole file where it starts at 0
+        result: dict[str, Any] | int = 0
+
+        def sent(chunk: bytes) -> None:
+            nonlocal reported
+            if crc is not None:
+                crc.update(chunk)
+            reported += len(chunk)
+            progress(len(chunk))
+
+        for attempt in range(1, _ATTEMPTS + 1):
+            progress(offset - reported)  # back to what the session holds
+            reported = offset
+            crc = google_crc32c.Checksum() if offset == 0 else None
+            try:
+                result = wire.call("PUT", session, body=_FileChunks(path, offset, size, sent), attempts=1,
+                                   allow=(308,), headers={"Content-Range": f"bytes {offset}-{size - 1}/{size}",
+                                                          "Content-Length": str(size - offset)},
+                                   consume=finished)
+            except _Transient:
+                if attempt == _ATTEMPTS:
+                    raise
+                time.sleep(2 ** (attempt - 1) * (1 + random.random() / 2))
+                result = wire.call("PUT", session, body=b"", allow=(308,), consume=finished,
+                                   headers={"Content-Range": f"bytes */{size}"})
+            if isinstance(result, dict):
+                break
+            offset = result
+        if not isinstance(result, dict):
+            raise SyncError(f"gs://{url.bucket}/{key}: the resumable upload did not complete", hint="re-run")
+        got = self._obj_from_resource(result)
+        ours = base64.b64encode(crc.digest() if crc is not None else _file_crc32c(path)).decode()
+        if got.crc32c is not None and got.crc32c != ours:
+            with contextlib.suppress(Exception):  # do not leave a corrupt object behind
+                self.client.bucket(url.bucket).delete_blob(key, if_generation_match=int(got.version))
+            raise SyncError(f"gs://{url.bucket}/{key}: GCS stored crc32c {got.crc32c}, we sent {ours}",
+                            hint="the upload was corrupted (the object was deleted); re-run")
+        return got
+
+    @staticmethod
+    def _obj_from_resource(r: dict[str, Any]) -> RemoteObject:
+        meta = r.get("metadata") or {}
+        return RemoteObject(r["name"], int(r.get("size") or 0), str(r["generation"]), md5=_b64_to_hex(r.get("md5Hash")),
+                            crc32c=r.get("crc32c"), sha256=meta.get(META_SHA256))
+
     def download(self, url: RemoteURL, obj: RemoteObject, dest: Path, *,
                  progress: Callable[[int], None]) -> tuple[RemoteObject, Digests | None]:
+        """One single-stream GET pinned to the listed generation, hashed as it arrives, checked against
+        ``x-goog-hash``; a stream that breaks is fetched again from the start."""
+        import google_crc32c
+
+        where = f"gs://{url.bucket}/{obj.key}"
+        path = f"/download/storage/v1/b/{quote(url.bucket, safe='')}/o/{quote(obj.key, safe='')}"
+        query = {"alt": "media", "ifGenerationMatch": obj.version}
+
+        def fetch(resp: _Response) -> tuple[Any, Any, Any, dict[str, str]]:
+            got_gen = resp.headers.get("x-goog-generation")
+            if got_gen is not None and got_gen != obj.version:  # where the precondition isn't enforced
+                raise SyncError(f"{where} changed during the sync (generation {got_gen}, listed {obj.version})",
+                                hint="re-run to sync what is there now")
+            wire_hashes = _parse_goog_hash(resp.headers.get("x-goog-hash"))
+            crc, sha = google_crc32c.Checksum(), hashlib.sha256()
+            # md5 only where there is no sha256 to check against, or where the server offers nothing else
+            md5 = (hashlib.md5(usedforsecurity=False)
+                   if obj.sha256 is None or "crc32c" not in wire_hashes else None)
+            written = 0
+            try:
+                with open(dest, "wb") as f:
+                    for chunk in resp.chunks():
+                        f.write(chunk)
+                        crc.update(chunk)
+                        sha.update(chunk)
+                        if md5 is not None:
+                            md5.update(chunk)
+                        written += len(chunk)
+                        progress(len(chunk))
+            except BaseException:
+                if written:
+                    progress(-written)  # a retry starts over
+                raise
+            return crc, sha, md5, wire_hashes
+
         with self._errors(url, obj.key):
-            blob = self.client.bucket(url.bucket).blob(obj.key)
-            with open(dest, "wb") as f:
-                # md5 only where there is no sha256 to check against (saves a hash pass on big files)
-                w = _HashingWriter(f, progress, md5=obj.sha256 is None)
-                blob.download_to_file(w, if_generation_match=int(obj.version), checksum="auto")
-        if blob.generation is not None and str(blob.generation) != obj.version:  # where the precondition isn't
-            raise SyncError(f"gs://{url.bucket}/{obj.key} changed during the sync (generation {blob.generation}, "
-                            f"listed {obj.version})", hint="re-run to sync what is there now")
-        return obj, Digests(w.sha.hexdigest(), w.md5.hexdigest() if w.md5 is not None else "")
+            crc, sha, md5, wire = self._wire.call("GET", self._wire.url(path, query),
+                                                  headers={"Accept-Encoding": "gzip"}, consume=fetch)
+        ours = {"crc32c": base64.b64encode(crc.digest()).decode()}
+        if md5 is not None:
+            ours["md5"] = base64.b64encode(md5.digest()).decode()
+        for name, value in ours.items():
+            if name in wire and wire[name] != value:
+                raise SyncError(f"{where}: checksum mismatch on the wire ({name} {value}, the server says "
+                                f"{wire[name]})", hint="re-run; nothing corrupt was kept")
+        return obj, Digests(sha.hexdigest(), md5.hexdigest() if md5 is not None else "")
 
     def delete(self, url: RemoteURL, keys: builtins.list[str]) -> None:
         """One DELETE per object over a small pool (batch requests differ too much between GCS and emulators);
@@ -198,54 +367,222 @@ class GCSBackend:
             self.client.close()
 
 
-class _CountingReader:
-    """A read-only file wrapper reporting bytes read (negative when the library rewinds to retry)."""
+class _FileChunks:
+    """Bytes ``[start, size)`` of a file as an iterable of 1 MiB chunks with a length (so that neither
+    urllib3 nor requests falls back to a chunked transfer encoding), read as the request sends them."""
 
-    def __init__(self, f: IO[bytes], cb: Callable[[int], None]) -> None:
-        self._f, self._cb = f, cb
+    def __init__(self, path: Path, start: int, size: int, on_chunk: Callable[[bytes], None]) -> None:
+        self.path, self.start, self.size, self.on_chunk = path, start, size, on_chunk
 
-    def read(self, n: int = -1) -> bytes:
-        data = self._f.read(n)
-        if data:
-            self._cb(len(data))
-        return data
+    def __len__(self) -> int:
+        return self.size - self.start
 
-    def tell(self) -> int:
-        return self._f.tell()
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        before = self._f.tell()
-        after = self._f.seek(offset, whence)
-        if after != before:
-            self._cb(after - before)
-        return after
-
-    def seekable(self) -> bool:
-        return True
-
-    @property
-    def name(self) -> str:
-        return str(getattr(self._f, "name", ""))
+    def __iter__(self) -> Iterator[bytes]:
+        with open(self.path, "rb") as f:
+            f.seek(self.start)
+            left = self.size - self.start
+            while left > 0:
+                chunk = f.read(min(_READ_CHUNK, left))
+                if not chunk:
+                    raise SyncError(f"{self.path} shrank while it was being uploaded",
+                                    hint="re-run once it is no longer written")
+                left -= len(chunk)
+                self.on_chunk(chunk)
+                yield chunk
 
 
-class _HashingWriter:
-    """Writes through to the temp file, hashing and counting as the bytes arrive."""
+def _file_crc32c(path: Path) -> bytes:
+    import google_crc32c
 
-    def __init__(self, f: IO[bytes], cb: Callable[[int], None], *, md5: bool = True) -> None:
-        self._f, self._cb = f, cb
-        self.sha = hashlib.sha256()
-        self.md5 = hashlib.md5(usedforsecurity=False) if md5 else None
+    crc = google_crc32c.Checksum()
+    with open(path, "rb") as f:
+        while chunk := f.read(_READ_CHUNK):
+            crc.update(chunk)
+    return bytes(crc.digest())
 
-    def write(self, data: bytes) -> int:
-        n = self._f.write(data)
-        self.sha.update(data)
-        if self.md5 is not None:
-            self.md5.update(data)
-        self._cb(len(data))
-        return n
 
-    def tell(self) -> int:
-        return self._f.tell()
+def _parse_goog_hash(value: str | None) -> dict[str, str]:
+    """``crc32c=..,md5=..`` (one header, or several joined with commas) -> {"crc32c": b64, "md5": b64}."""
+    out: dict[str, str] = {}
+    for part in (value or "").split(","):
+        name, sep, digest = part.strip().partition("=")
+        if sep and name in ("crc32c", "md5"):
+            out[name] = digest
+    return out
 
-    def flush(self) -> None:
-        self._f.flush()
+
+class _Response:
+    """What :class:`_Wire` hands a ``consume`` callback: status, (case-insensitive) headers, the body."""
+
+    def __init__(self, status: int, headers: Any, chunks: Callable[[], Iterable[bytes]]) -> None:
+        self.status, self.headers, self._chunks = status, headers, chunks
+
+    def chunks(self) -> Iterable[bytes]:
+        return self._chunks()
+
+    def read(self) -> bytes:
+        return b"".join(self.chunks())
+
+
+class _Transient(Exception):
+    """A try that failed in a way worth another (connection trouble, 408/429/5xx); ``err`` is what to raise
+    once the tries are spent."""
+
+    def __init__(self, err: Exception) -> None:
+        super().__init__(str(err))
+        self.err = err
+
+
+class _Unauthorized(Exception):
+    """A 401: the credentials get one refresh."""
+
+    def __init__(self, err: Exception) -> None:
+        super().__init__(str(err))
+        self.err = err
+
+
+class _Wire:
+    """JSON-API requests with less per-request work than ``Blob`` (and than ``requests.Session.request``).
+
+    Requests go to the client's API base URL through the client's session: straight to the connection pool
+    of the session's adapter for that URL (built with the TLS / client-certificate settings requests would
+    use), with the session's credentials applied, when the session is a plain ``requests.Session`` /
+    ``AuthorizedSession`` without hooks, auth or proxies; through ``session.request`` otherwise. Only
+    conditional or read-only requests come here, so every try may be retried.
+    """
+
+    def __init__(self, client: Any) -> None:
+        conn = client._connection
+        self.http = client._http
+        self.base = str(conn.API_BASE_URL).rstrip("/")
+        parts = urlsplit(self.base)
+        self.origin = f"{parts.scheme}://{parts.netloc}"
+        self.headers: dict[str, str] = {}
+        with contextlib.suppress(Exception):
+            self.headers.update(conn.extra_headers or {})
+        with contextlib.suppress(Exception):
+            self.headers["User-Agent"] = f"gtrain {conn.user_agent}"
+        self.creds = getattr(self.http, "credentials", None)
+        self.auth_request = getattr(self.http, "_auth_request", None)
+        if self.creds is not None and self.auth_request is None:
+            from google.auth.transport.requests import Request
+
+            self.auth_request = Request()
+        self.pool = self._find_pool()
+
+    def _find_pool(self) -> Any:
+        """The urllib3 pool ``session.request`` would end up in, or None where we must go through it."""
+        try:
+            import requests
+            from google.auth.transport.requests import AuthorizedSession
+            from requests.adapters import HTTPAdapter
+
+            http = self.http
+            if (type(http).request not in (requests.Session.request, AuthorizedSession.request)
+                    or any(http.hooks.values()) or http.auth is not None):
+                return None
+            env = http.merge_environment_settings(self.base, {}, None, None, None)
+            adapter = http.get_adapter(self.base)
+            if env.get("proxies") or not isinstance(adapter, HTTPAdapter):
+                return None
+            return adapter.get_connection_with_tls_context(requests.Request("GET", self.base).prepare(),
+                                                           env["verify"], None, env["cert"])
+        except Exception:  # noqa: BLE001 - an older requests, an odd session: the general path
+            return None
+
+    def url(self, path: str, query: dict[str, str]) -> str:
+        return f"{self.base}{path}?{urlencode(query)}"
+
+    def call(self, method: str, url: str, *, body: bytes | Iterable[bytes] | None = None,
+             headers: dict[str, str] | None = None, consume: Callable[[_Response], Any],
+             attempts: int = _ATTEMPTS, allow: tuple[int, ...] = ()) -> Any:
+        """Send until a try is not transient and return what ``consume`` made of the response (2xx, or a
+        status in ``allow``); a urllib3/requests error while it reads retries the try; an error status is
+        raised as the google.api_core exception for it (``_Transient`` where ``attempts`` ran out on a
+        transient one and the caller retries on its own: ``attempts=1``)."""
+        refreshed = False
+        delay = 1.0
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._once(method, url, body, headers, consume, allow)
+            except _Unauthorized as e:
+                if refreshed or self.creds is None:
+                    raise e.err from None
+                refreshed = True
+                self.creds.refresh(self.auth_request)
+                continue
+            except _Transient as e:
+                if attempt == attempts:
+                    if attempts == 1:
+                        raise
+                    raise e.err from None
+            time.sleep(delay * (1 + random.random() / 2))
+            delay *= 2
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def call_json(self, method: str, url: str, *, body: bytes | None = None,
+                  headers: dict[str, str] | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = self.call(method, url, body=body, headers=headers,
+                                        consume=lambda resp: json.loads(resp.read()))
+        return out
+
+    def _once(self, method: str, url: str, body: bytes | Iterable[bytes] | None, headers: dict[str, str] | None,
+              consume: Callable[[_Response], Any], allow: tuple[int, ...]) -> Any:
+        import requests
+        import urllib3
+
+        h = {**self.headers, **(headers or {})}
+        try:
+            if self.pool is not None and url.startswith(self.origin + "/"):
+                if self.creds is not None:
+                    self.creds.before_request(self.auth_request, method, url, h)
+                r = self.pool.urlopen(method, url[len(self.origin):], body=body, headers=h, retries=False,
+                                      redirect=False, assert_same_host=False, preload_content=False,
+                                      decode_content=False, timeout=_urllib3_timeout())
+                resp = _Response(r.status, r.headers, lambda: r.stream(_READ_CHUNK, decode_content=False))
+                abort, done = r.close, r.release_conn
+            else:
+                rr = self.http.request(method, url, data=body, headers=h, stream=True, timeout=_TIMEOUT)
+                resp = _Response(rr.status_code, rr.headers,
+                                 lambda: rr.raw.stream(_READ_CHUNK, decode_content=False))
+                abort, done = rr.raw.close, rr.close
+            ok = False
+            try:
+                if resp.status >= 300 and resp.status not in allow:
+                    raise _status_error(method, url, resp)
+                out = consume(resp)
+                ok = True
+                return out
+            finally:
+                if not ok:  # a connection with unread bytes must not go back to the pool
+                    abort()
+                done()
+        except (urllib3.exceptions.HTTPError, requests.ConnectionError, requests.Timeout, ConnectionError) as e:
+            raise _Transient(e) from e
+
+
+def _status_error(method: str, url: str, resp: _Response) -> Exception:
+    """The google.api_core exception for an error status, wrapped for :meth:`_Wire.call` where it calls for
+    another try or a credentials refresh."""
+    from google.api_core import exceptions as gx
+
+    try:
+        raw = resp.read()
+    except Exception:  # noqa: BLE001 - the status alone says enough
+        raw = b""
+    try:
+        message = str(json.loads(raw)["error"]["message"])
+    except Exception:  # noqa: BLE001 - not a JSON error body
+        message = raw.decode(errors="replace")[:200].strip() or "(no body)"
+    err = gx.from_http_status(resp.status, f"{method} {url.partition('?')[0]}: {message}")
+    if resp.status in _RETRY_STATUSES:
+        return _Transient(err)
+    if resp.status == 401:
+        return _Unauthorized(err)
+    return err
+
+
+def _urllib3_timeout() -> Any:
+    import urllib3
+
+    return urllib3.Timeout(connect=_TIMEOUT[0], read=_TIMEOUT[1])

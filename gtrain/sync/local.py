@@ -14,7 +14,8 @@ from gtrain.errors import SyncError
 from gtrain.sync.model import Digests, RemoteURL
 
 TMP_TAG = ".gtrain-part"
-"""Temp downloads are ``.<name>.<random>.gtrain-part`` (plus the SDK's own suffix) next to the final file."""
+"""Temp downloads are ``.<name>.<random>.gtrain-part`` next to the final file (older versions let an SDK add a
+suffix of its own: such leftovers are still recognised and cleaned)."""
 _TMP_RE = re.compile(r"^\..+\.[0-9a-f]{8}\.gtrain-part(\.[A-Za-z0-9]+)?$")
 _SKIP_DIRS = {".gtrain-partial"}  # gtrain pull's staging folder
 _HASH_CHUNK = 1024 * 1024
@@ -101,10 +102,6 @@ def tmp_path(final: Path) -> Path:
 
 
 def unlink_tmp(tmp: Path) -> None:
+    """Remove a temp download (gone already after a successful rename: one failed syscall, no scan)."""
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()
-    # an SDK that stages into "<tmp>.<random>" (s3transfer) may leave its own temp behind on failure
-    with contextlib.suppress(OSError):
-        for leftover in tmp.parent.glob(tmp.name + ".*"):
-            with contextlib.suppress(FileNotFoundError):
-                leftover.unlink()
