@@ -138,15 +138,17 @@ def s3_round(src: Path, work: Path, aws: Path, endpoint: str, keys: tuple[str, s
     os.environ["GTRAIN_HOME"] = str(work / f"gtrain-home-{server_pid}")
     import boto3
 
-    boto3.client("s3").create_bucket(Bucket="bench")
+    for b in ("bench-gtrain", "bench-awscli"):  # a bucket each: neither side pays for the other's objects
+        boto3.session.Session().client("s3").create_bucket(Bucket=b)  # a new session: new keys
 
     def aws_sync(a: str, b: str) -> None:
         subprocess.run([str(aws), "s3", "sync", a, b, "--only-show-errors"], check=True)
 
     def gt_sync(a: str, b: str) -> SimpleNamespace:
-        out = subprocess.run([sys.executable, "-m", "gtrain", "sync", a, b, "--json"], check=True,
-                             capture_output=True, text=True).stdout
-        return SimpleNamespace(**json.loads(out))
+        p = subprocess.run([sys.executable, "-m", "gtrain", "sync", a, b, "--json"], capture_output=True, text=True)
+        if p.returncode != 0:
+            raise SystemExit(f"gtrain sync {a} {b} failed ({p.returncode}):\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+        return SimpleNamespace(**json.loads(p.stdout))
 
     out: dict[str, Any] = {"endpoint": endpoint, "server_cpu_s": {}}
 
@@ -158,19 +160,19 @@ def s3_round(src: Path, work: Path, aws: Path, endpoint: str, keys: tuple[str, s
         return r
 
     n = args.small + args.large
-    r = phase("upload_gtrain_s", lambda: gt_sync(str(src), "s3://bench/gtrain"))
+    r = phase("upload_gtrain_s", lambda: gt_sync(str(src), "s3://bench-gtrain/gtrain"))
     assert r.uploaded == n, r
-    phase("upload_awscli_s", lambda: aws_sync(str(src), "s3://bench/awscli"))
-    noop = [timed(lambda: gt_sync(str(src), "s3://bench/gtrain")) for _ in range(3)]
+    phase("upload_awscli_s", lambda: aws_sync(str(src), "s3://bench-awscli/awscli"))
+    noop = [timed(lambda: gt_sync(str(src), "s3://bench-gtrain/gtrain")) for _ in range(3)]
     assert all(x[1].uploaded == 0 and x[1].hashed == 0 for x in noop)
     out["noop_resync_gtrain_s"] = [round(t, 3) for t, _ in noop]
-    out["noop_resync_awscli_s"] = [round(timed(lambda: aws_sync(str(src), "s3://bench/awscli"))[0], 3)
+    out["noop_resync_awscli_s"] = [round(timed(lambda: aws_sync(str(src), "s3://bench-awscli/awscli"))[0], 3)
                                    for _ in range(3)]
-    noop_small = [timed(lambda: gt_sync(str(src / "small"), "s3://bench/gtrain/small")) for _ in range(3)]
+    noop_small = [timed(lambda: gt_sync(str(src / "small"), "s3://bench-gtrain/gtrain/small")) for _ in range(3)]
     out["noop_resync_1000_small_gtrain_s"] = [round(t, 3) for t, _ in noop_small]
-    r = phase("download_gtrain_s", lambda: gt_sync("s3://bench/gtrain", str(work / "s3-down-gtrain")))
+    r = phase("download_gtrain_s", lambda: gt_sync("s3://bench-gtrain/gtrain", str(work / "s3-down-gtrain")))
     assert r.downloaded == n, r
-    phase("download_awscli_s", lambda: aws_sync("s3://bench/awscli", str(work / "s3-down-awscli")))
+    phase("download_awscli_s", lambda: aws_sync("s3://bench-awscli/awscli", str(work / "s3-down-awscli")))
     for d in ("s3-down-gtrain", "s3-down-awscli"):
         shutil.rmtree(work / d)
     for k, v in list(out.items()):
@@ -216,6 +218,8 @@ def main() -> None:
             rport = free_port()
             rdir = work / "s3rver-data"
             rdir.mkdir()
+            # s3rver's continuation tokens use a cipher OpenSSL 3 only has in its legacy provider
+            os.environ["NODE_OPTIONS"] = "--openssl-legacy-provider"
             s3rver = start([str(ensure_s3rver(args.s3rver)), "-d", str(rdir), "-a", "127.0.0.1", "-p", str(rport),
                             "--silent"], f"http://127.0.0.1:{rport}/", work / "s3rver.log")
             procs.append(s3rver)
@@ -236,35 +240,36 @@ def main() -> None:
         from google.cloud.storage import transfer_manager
 
         client = storage.Client(project="bench")
-        client.create_bucket("bench")
+        for b in ("bench-gtrain", "bench-naive"):  # a bucket each: the emulator slows as a bucket fills
+            client.create_bucket(b)
         names = sorted(p.relative_to(src).as_posix() for p in src.rglob("*") if p.is_file())
 
         def tm_upload() -> None:
             res = transfer_manager.upload_many_from_filenames(
-                client.bucket("bench"), names, source_directory=str(src), blob_name_prefix="naive/",
+                client.bucket("bench-naive"), names, source_directory=str(src), blob_name_prefix="naive/",
                 max_workers=16, worker_type=transfer_manager.THREAD)
             bad = [x for x in res if isinstance(x, Exception)]
             assert not bad, bad[:3]
 
         def tm_download() -> None:
             res = transfer_manager.download_many_to_path(
-                client.bucket("bench"), names, destination_directory=str(work / "gcs-down-naive"),
+                client.bucket("bench-naive"), names, destination_directory=str(work / "gcs-down-naive"),
                 blob_name_prefix="naive/", max_workers=16, worker_type=transfer_manager.THREAD,
                 create_directories=True)
             bad = [x for x in res if isinstance(x, Exception)]
             assert not bad, bad[:3]
 
         gcs: dict[str, Any] = {}
-        gcs["upload_gtrain_s"], r = timed(lambda: sync(str(src), "gs://bench/gtrain"))
+        gcs["upload_gtrain_s"], r = timed(lambda: sync(str(src), "gs://bench-gtrain/gtrain"))
         assert r.uploaded == args.small + args.large, r
         gcs["upload_transfer_manager_s"], _ = timed(tm_upload)
-        noop = [timed(lambda: sync(str(src), "gs://bench/gtrain")) for _ in range(3)]
+        noop = [timed(lambda: sync(str(src), "gs://bench-gtrain/gtrain")) for _ in range(3)]
         assert all(x[1].uploaded == 0 and x[1].hashed == 0 for x in noop)
         gcs["noop_resync_gtrain_s"] = [round(t, 3) for t, _ in noop]
-        noop_small = [timed(lambda: sync(str(src / "small"), "gs://bench/gtrain/small")) for _ in range(3)]
+        noop_small = [timed(lambda: sync(str(src / "small"), "gs://bench-gtrain/gtrain/small")) for _ in range(3)]
         gcs["noop_resync_1000_small_gtrain_s"] = [round(t, 3) for t, _ in noop_small]
         gcs["noop_resync_transfer_manager_s"], _ = timed(tm_upload)  # it has no notion of "unchanged"
-        gcs["download_gtrain_s"], r = timed(lambda: sync("gs://bench/gtrain", str(work / "gcs-down-gtrain")))
+        gcs["download_gtrain_s"], r = timed(lambda: sync("gs://bench-gtrain/gtrain", str(work / "gcs-down-gtrain")))
         assert r.downloaded == args.small + args.large, r
         gcs["download_transfer_manager_s"], _ = timed(tm_download)
         results["gcs"] = gcs
