@@ -8,6 +8,7 @@ import fcntl
 import hashlib
 import os
 import sqlite3
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,18 @@ class Entry:
     remote_version: str
     remote_size: int
     crc32c: str | None = None
+
+
+@dataclass(frozen=True)
+class OpenUpload:
+    """A multipart / resumable upload begun and not yet finished (a killed sync leaves one behind)."""
+
+    key: str
+    upload_id: str
+    size: int
+    mtime_ns: int
+    part_size: int
+    sha256: str
 
 
 def gtrain_home() -> Path:
@@ -45,6 +58,8 @@ class Manifest:
         self._pending: dict[str, Entry | None] = {}
         self._lock_fd: int | None = None
         self._db: sqlite3.Connection | None = None
+        self._jdb: sqlite3.Connection | None = None  # the upload journal, written from worker threads
+        self._jlock = threading.Lock()
         if readonly:
             if self.path.exists():
                 with contextlib.suppress(sqlite3.Error):
@@ -77,6 +92,8 @@ class Manifest:
         db.execute("CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT)")
         db.execute("CREATE TABLE IF NOT EXISTS files (rel TEXT PRIMARY KEY, size INTEGER, mtime_ns INTEGER, "
                    "sha256 TEXT, md5 TEXT, crc32c TEXT, remote_version TEXT, remote_size INTEGER, synced_at REAL)")
+        db.execute("CREATE TABLE IF NOT EXISTS uploads (key TEXT PRIMARY KEY, upload_id TEXT, size INTEGER, "
+                   "mtime_ns INTEGER, part_size INTEGER, sha256 TEXT, started_at REAL)")
         db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
                        [("local", os.path.realpath(local)), ("remote", str(url)), ("schema", "1")])
         self._load(db)
@@ -108,8 +125,42 @@ class Manifest:
         self._db.execute("COMMIT")
         self._pending.clear()
 
+    # -- the upload journal: recorded before the first part is sent, removed once the upload is complete or
+    #    aborted; what a killed sync leaves here is resumed (same file) or aborted (anything else) next time
+
+    def _journal(self) -> sqlite3.Connection | None:
+        if self.readonly:
+            return None
+        if self._jdb is None:
+            self._jdb = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
+        return self._jdb
+
+    def open_uploads(self) -> list[OpenUpload]:
+        with self._jlock:
+            db = self._journal()
+            if db is None:
+                return []
+            rows = db.execute("SELECT key, upload_id, size, mtime_ns, part_size, sha256 FROM uploads").fetchall()
+        return [OpenUpload(*r) for r in rows]
+
+    def upload_begun(self, up: OpenUpload) -> None:
+        with self._jlock:
+            db = self._journal()
+            if db is not None:
+                db.execute("INSERT OR REPLACE INTO uploads VALUES (?, ?, ?, ?, ?, ?, ?)",
+                           (up.key, up.upload_id, up.size, up.mtime_ns, up.part_size, up.sha256, time.time()))
+
+    def upload_ended(self, key: str, upload_id: str) -> None:
+        with self._jlock:
+            db = self._journal()
+            if db is not None:
+                db.execute("DELETE FROM uploads WHERE key = ? AND upload_id = ?", (key, upload_id))
+
     def close(self) -> None:
         try:
+            if self._jdb is not None:
+                self._jdb.close()
+                self._jdb = None
             if self._db is not None:
                 self.flush()
                 self._db.close()

@@ -183,8 +183,14 @@ def sync(src: str, dst: str, *, delete: bool = False, dry_run: bool = False, wor
     try:
         manifest = Manifest(local, url, readonly=dry_run)
         try:
+            # a backend with an upload journal resumes (or aborts) what a killed sync left unfinished
+            journaled = direction == "upload" and not dry_run and hasattr(backend, "attach_journal")
+            if journaled:
+                backend.attach_journal(manifest)  # type: ignore[attr-defined]
             Engine(local, url, direction, backend, manifest, result, delete=delete, dry_run=dry_run,
                    workers=workers, progress=Progress(on_progress)).run()
+            if journaled:
+                backend.sweep_journal(url)  # type: ignore[attr-defined]
         finally:
             manifest.close()
     finally:

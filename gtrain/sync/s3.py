@@ -28,6 +28,7 @@ from pathlib import Path
 
 from gtrain.errors import ConfigError, CredentialsError, GtrainError, SyncError
 from gtrain.sync import s3wire
+from gtrain.sync.manifest import Manifest, OpenUpload
 from gtrain.sync.objstore import (
     DEFAULT_MULTIPART_THRESHOLD,
     DEFAULT_PART_SIZE,
@@ -74,6 +75,9 @@ class S3Backend:
         self.workers = workers
         self._parts: ThreadPoolExecutor | None = None
         self._parts_lock = threading.Lock()
+        self.journal: Manifest | None = None
+        self._open: dict[str, OpenUpload] = {}
+        self._open_lock = threading.Lock()
 
     def _pool(self) -> ThreadPoolExecutor:
         with self._parts_lock:
@@ -176,21 +180,89 @@ class S3Backend:
             ps *= 2
         return ps
 
+    # -- the upload journal (the manifest's): a multipart upload a killed sync left behind is resumed when the
+    #    file is unchanged, aborted otherwise; nothing stays billed in the bucket after a sync that finished
+
+    def attach_journal(self, journal: Manifest) -> None:
+        self.journal = journal
+        self._open = {u.key: u for u in journal.open_uploads()}
+
+    def sweep_journal(self, url: RemoteURL) -> int:
+        """Abort the uploads the journal still holds and this sync did not resume (their files changed or
+        went away). Returns how many were aborted."""
+        n = 0
+        with self._open_lock:
+            stale, self._open = list(self._open.values()), {}
+        for up in stale:
+            self._abort(url, up.key, up.upload_id)
+            n += 1
+        return n
+
+    def _abort(self, url: RemoteURL, key: str, upload_id: str) -> None:
+        with contextlib.suppress(GtrainError, s3wire.S3WireError):  # gone already is fine; else the next sync retries
+            self.wire.request("DELETE", url.bucket, key, query={"uploadId": upload_id}, ok=(200, 204, 404))
+            if self.journal is not None:
+                self.journal.upload_ended(key, upload_id)
+
+    def _resumable(self, url: RemoteURL, key: str, size: int, mtime_ns: int, digests: Digests
+                   ) -> tuple[str, int, dict[int, tuple[int, str]]] | None:
+        """(upload id, part size, {part number: (size, etag)}) of this file's unfinished upload, if it can go
+        on: same size, mtime and sha256 as when it began, and S3 still has it. Otherwise it is aborted."""
+        with self._open_lock:
+            up = self._open.pop(key, None)
+        if up is None:
+            return None
+        if (up.size, up.mtime_ns, up.sha256) != (size, mtime_ns, digests.sha256):
+            self._abort(url, key, up.upload_id)
+            return None
+        parts: dict[int, tuple[int, str]] = {}
+        marker = "0"
+        try:
+            while True:
+                r = self.wire.request("GET", url.bucket, key, query={"uploadId": up.upload_id,
+                                                                      "part-number-marker": marker})
+                root = s3wire.parse_xml(r.body)
+                for p in root.iter("Part"):
+                    parts[int(p.findtext("PartNumber") or 0)] = (int(p.findtext("Size") or 0),
+                                                                 (p.findtext("ETag") or "").strip('"'))
+                if (root.findtext("IsTruncated") or "").lower() != "true":
+                    break
+                marker = root.findtext("NextPartNumberMarker") or ""
+                if not marker:
+                    break
+        except s3wire.S3WireError as e:
+            if e.status != 404:  # NoSuchUpload: expired or aborted elsewhere; start afresh
+                raise
+            if self.journal is not None:
+                self.journal.upload_ended(key, up.upload_id)
+            return None
+        return up.upload_id, up.part_size, parts
+
     def _upload_multipart(self, path: Path, url: RemoteURL, key: str, size: int, digests: Digests,
                           progress: Callable[[int], None]) -> RemoteObject:
         wire, bucket = self.wire, url.bucket
-        r = wire.request("POST", bucket, key, query={"uploads": ""}, headers={
-            _META_HEADER: digests.sha256, "content-type": "application/octet-stream"})
-        upload_id = s3wire.find(s3wire.parse_xml(r.body), "UploadId")
-        if not upload_id:
-            raise SyncError(f"s3://{bucket}/{key}: CreateMultipartUpload returned no UploadId")
-        ps = self._part_size(size)
+        mtime_ns = os.stat(path).st_mtime_ns
+        resumed = self._resumable(url, key, size, mtime_ns, digests)
+        if resumed is not None:
+            upload_id, ps, have = resumed
+        else:
+            r = wire.request("POST", bucket, key, query={"uploads": ""}, headers={
+                _META_HEADER: digests.sha256, "content-type": "application/octet-stream"})
+            upload_id = s3wire.find(s3wire.parse_xml(r.body), "UploadId") or ""
+            if not upload_id:
+                raise SyncError(f"s3://{bucket}/{key}: CreateMultipartUpload returned no UploadId")
+            ps, have = self._part_size(size), {}
+            if self.journal is not None:  # before the first part: a kill from here on is resumable
+                self.journal.upload_begun(OpenUpload(key, upload_id, size, mtime_ns, ps, digests.sha256))
         ranges = [(i + 1, off, min(ps, size - off)) for i, off in enumerate(range(0, size, ps))]
 
         def one(part: tuple[int, int, int]) -> tuple[str, bytes]:
             n, off, length = part
             data = s3wire.file_part(path, off, length)
             md5 = hashlib.md5(data, usedforsecurity=False)
+            if have.get(n) == (length, md5.hexdigest()):  # S3 holds exactly these bytes already
+                progress(length)
+                return md5.hexdigest(), md5.digest()
             resp = wire.request("PUT", bucket, key, query={"partNumber": str(n), "uploadId": upload_id},
                                 body=data, body_sha256=hashlib.sha256(data).hexdigest(),
                                 headers={"content-md5": s3wire.b64(md5.digest())})
@@ -215,12 +287,17 @@ class S3Backend:
                                          s3wire.find(root, "Message") or "", bucket=bucket, key=key)
             etag = (s3wire.find(root, "ETag") or "").strip('"')
             done = True
+            if self.journal is not None:
+                self.journal.upload_ended(key, upload_id)
+        except Exception:
+            for f in futures:
+                f.cancel()
+            self._abort(url, key, upload_id)  # a failure we saw: leave no billed parts behind
+            raise
         finally:
-            if not done:
+            if not done:  # KeyboardInterrupt / SystemExit: the journal keeps it for the next sync to resume
                 for f in futures:
                     f.cancel()
-                with contextlib.suppress(Exception):  # leave no billed parts behind
-                    wire.request("DELETE", bucket, key, query={"uploadId": upload_id}, ok=(200, 204, 404))
         # S3 (and MinIO, Ceph...) answer md5(part md5s)-N; a few S3-compatible servers the whole file's md5
         if etag != expected and etag != digests.md5:
             raise SyncError(f"s3://{bucket}/{key}: multipart ETag {etag} is not the md5 of the parts we sent "

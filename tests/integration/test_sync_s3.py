@@ -408,3 +408,64 @@ def test_signatures_are_accepted_by_a_verifying_server(tmp_path: Path, bucket: s
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret[:-1] + ("x" if secret[-1] != "x" else "y"))
     with pytest.raises(CredentialsError, match="SignatureDoesNotMatch"):
         sync(str(src), url)
+
+
+KILL_AT_PART_3 = textwrap.dedent("""
+    import os, sys
+    from gtrain.sync.objstore import sync
+    from gtrain.sync.s3wire import S3Wire
+    def die(method, target):
+        if "partNumber=3&" in target:
+            os._exit(17)  # a crash mid-upload: parts 1 and 2 are in S3
+    sync(sys.argv[1], sys.argv[2], workers=1, client_factory=lambda: S3Wire(on_request=die),
+         multipart_threshold=5 << 20, part_size=5 << 20)
+""")
+
+
+def open_uploads(s3: Any, bucket: str) -> list[str]:
+    return [u["Key"] for u in s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])]
+
+
+@pytest.mark.parametrize("then", ["same-file", "changed-file", "deleted-file"])
+def test_a_killed_multipart_upload_is_resumed_or_aborted(tmp_path: Path, s3: Any, bucket: str, repo_root: Path,
+                                                         then: str) -> None:
+    from gtrain.sync.s3wire import S3Wire
+
+    src = tmp_path / "src"
+    src.mkdir()
+    big = os.urandom(25 * MiB + 7)  # 6 parts of 5 MiB
+    (src / "big.bin").write_bytes(big)
+    (src / "small.txt").write_bytes(b"s")
+    url = f"s3://{bucket}/mp"
+    p = subprocess.run([sys.executable, "-c", KILL_AT_PART_3, str(src), url], cwd=repo_root, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 17, p.stderr  # died as it was about to send part 3
+    assert open_uploads(s3, bucket) == ["mp/big.bin"]  # left unfinished (and billed) by the crash
+    upload = s3.list_multipart_uploads(Bucket=bucket)["Uploads"][0]
+    held = len(s3.list_parts(Bucket=bucket, Key="mp/big.bin", UploadId=upload["UploadId"]).get("Parts", []))
+    assert held == 2
+
+    if then == "changed-file":
+        big = os.urandom(len(big))
+        (src / "big.bin").write_bytes(big)
+    elif then == "deleted-file":
+        (src / "big.bin").unlink()
+    parts_sent: list[str] = []
+
+    def client() -> Any:
+        return S3Wire(on_request=lambda method, target: parts_sent.append(target)
+                      if method == "PUT" and "partNumber=" in target else None)
+
+    r = sync(str(src), url, client_factory=client, **SMALL_PARTS)
+    assert open_uploads(s3, bucket) == []  # resumed and completed, or aborted: nothing left behind
+    if then == "deleted-file":
+        assert parts_sent == [] and "mp/big.bin" not in remote_tree(s3, bucket)
+        return
+    assert s3.get_object(Bucket=bucket, Key="mp/big.bin")["Body"].read() == big
+    head = s3.head_object(Bucket=bucket, Key="mp/big.bin")
+    assert head["Metadata"]["gtrain-sha256"] == hashlib.sha256(big).hexdigest()
+    if then == "same-file":
+        assert len(parts_sent) == 6 - held, parts_sent  # only the parts S3 did not have
+    else:
+        assert len(parts_sent) == 6  # a new upload: the old parts belong to other bytes
+    assert r.uploaded >= 1
