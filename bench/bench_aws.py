@@ -4,8 +4,8 @@
 
 Times ``gtrain up`` (Python API, SSH wait off: moto nodes have no sshd) of a 32-node cluster against a
 1-node one, each followed by ``down`` (not timed). Target: 32 nodes <= 2x the time of 1 node (nodes are made
-in parallel, one RunInstances each with its own ClientToken). Prints the medians and the ratio; writes
-bench/results/aws.json.
+in one RunInstances per zone, then one CreateTags per node for its rank). Prints the medians and the ratio;
+writes bench/results/aws.json.
 """
 
 from __future__ import annotations

@@ -215,13 +215,63 @@ def test_rerun_of_up_makes_only_what_is_missing() -> None:
     assert all(not v for v in of_cluster(c.id).values())
 
 
+def test_nodes_left_without_a_rank_by_a_crash_are_adopted() -> None:
+    session = boto3.Session()
+
+    class Crash(BaseException):  # as Ctrl+C would, without pytest taking it for the user's own
+        pass
+
+    armed = [True]
+
+    def crash(**_: Any) -> None:  # `up` dies after RunInstances answered, before any rank was tagged
+        if armed[0]:
+            raise Crash
+
+    session.events.register("before-call.ec2.CreateTags", crash)
+    ctx = context(session)
+    s = spec("aws-adopt", 3)
+    with pytest.raises(Crash):
+        core.up(s, ctx)
+    c = ctx.store.find_cluster(s.name)
+    assert c is not None
+    made = of_cluster(c.id)["instance"]
+    assert len(made) == 3  # tagged with the cluster (found by down / gc), no rank yet
+    armed[0] = False  # (clients copy the session's handlers when made: unregistering would not reach them)
+    ctx.store.update_cluster(c.id, status="failed")
+    calls = run_instances_calls(session)
+    again = core.up(s, ctx)
+    assert again.cluster is not None and again.cluster.id == c.id
+    assert calls == []  # adopted, not made again
+    assert sorted(n.instance_id or "" for n in ctx.store.nodes(c.id)) == sorted(made)
+    found = everything()
+    names = sorted(t["Name"] for i, t in found["instance"].items() if t.get(TAG_CLUSTER) == c.id)
+    assert names == ["aws-adopt-0", "aws-adopt-1", "aws-adopt-2"]
+    ranks = sorted(t["gtrain:rank"] for i, t in found["instance"].items() if t.get(TAG_CLUSTER) == c.id)
+    assert ranks == ["0", "1", "2"]
+    core.down(s.name, ctx)
+    assert all(not v for v in of_cluster(c.id).values())
+
+
 # ---------------------------------------------------------------------------------------------- failover
 
 
-def test_capacity_failover_to_next_zone_cleans_the_failed_zone() -> None:
+def run_instances_calls(session: boto3.Session) -> list[tuple[int, int]]:
+    """(MinCount, MaxCount) of every RunInstances the session sends."""
+    calls: list[tuple[int, int]] = []
+
+    def hook(params: dict[str, Any], **_: Any) -> None:
+        body = params.get("body") or {}
+        calls.append((int(body.get("MinCount", 0)), int(body.get("MaxCount", 0))))
+
+    session.events.register("before-call.ec2.RunInstances", hook)
+    return calls
+
+
+def test_capacity_failover_to_next_zone_is_all_or_nothing_per_zone() -> None:
     session = boto3.Session()
-    # us-east-1a has room for two nodes, then runs out
-    seen = fail_run_instances(session, "InsufficientInstanceCapacity", lambda z, n: z == "us-east-1a" and n > 2)
+    # us-east-1a cannot hold the 4 nodes (AWS then makes none: MinCount = 4)
+    calls = run_instances_calls(session)  # first: the injected failure answers before later hooks run
+    seen = fail_run_instances(session, "InsufficientInstanceCapacity", lambda z, n: z == "us-east-1a")
     ctx = context(session)
     s = spec("aws-failover", 4, resources={"zones": ["us-east-1a", "us-east-1b"]})
     res = core.up(s, ctx)
@@ -229,8 +279,9 @@ def test_capacity_failover_to_next_zone_cleans_the_failed_zone() -> None:
     assert c is not None
     nodes = ctx.store.nodes(c.id)
     assert {n.zone for n in nodes} == {"us-east-1b"} and res.plan.zone == "us-east-1b"
-    assert seen.count("us-east-1a") == 4 and seen.count("us-east-1b") == 4
-    # what 1a made was terminated before moving on
+    assert seen == ["us-east-1a", "us-east-1b"]  # one request per zone for the whole cluster
+    assert calls == [(4, 4), (4, 4)]
+    # nothing was made (or billed) in 1a
     live = ec2().describe_instances(Filters=[{"Name": f"tag:{TAG_CLUSTER}", "Values": [c.id]},
                                              {"Name": "instance-state-name", "Values": ["pending", "running"]}])
     zones = [i["Placement"]["AvailabilityZone"] for r in live["Reservations"] for i in r["Instances"]]
@@ -257,7 +308,7 @@ def test_capacity_failover_to_next_region() -> None:
 def test_capacity_error_lists_attempts_and_leaves_nothing() -> None:
     before = everything()
     session = boto3.Session()
-    fail_run_instances(session, "InsufficientInstanceCapacity", lambda z, n: z != "us-east-1a" or n > 1)
+    fail_run_instances(session, "InsufficientInstanceCapacity", lambda z, n: True)
     ctx = context(session)
     s = spec("aws-nocap", 2, resources={"zones": ["us-east-1a", "us-east-1b", "us-east-1c"]})
     with pytest.raises(CapacityError) as ei:

@@ -1,19 +1,22 @@
-"""Launching a cluster's nodes in one zone and waiting for them: one ``RunInstances`` per node, in parallel, each
-with a ``ClientToken`` kept in the resource ledger before the call (a retried or resumed ``up`` gets the same
-instance back instead of a second one); waiting for ``running``; recording the nodes; waiting for SSH with the
-host keys read from the console output. Mixed into :class:`gtrain.providers.aws.AWSProvider`."""
+"""Launching a cluster's nodes in one zone and waiting for them: ONE ``RunInstances`` for every missing node
+(``MinCount = MaxCount = n``: all of them or none, as AWS advises for a cluster placement group, and no
+instance made and billed in a zone that cannot hold the whole cluster), with a ``ClientToken`` kept in the
+resource ledger before the call (a retried or resumed ``up`` gets the same instances back instead of a second
+batch); ranks follow ``AmiLaunchIndex`` and are tagged (``Name=<cluster>-<rank>``, ``gtrain:rank``) on each
+instance, its volumes and interfaces once they run; instances a crash left without a rank are adopted by the
+next ``up``. Then recording the nodes and waiting for SSH with the host keys read from the console output.
+Mixed into :class:`gtrain.providers.aws.AWSProvider`."""
 
 from __future__ import annotations
 
 import dataclasses
 import re
-import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from gtrain.errors import CapacityError, GtrainError, ProviderError, QuotaError
+from gtrain.errors import CapacityError, GtrainError, ProviderError
 from gtrain.providers.aws import api
 from gtrain.providers.aws.api import TAG_RANK, AWSBase
 from gtrain.providers.common import key_path, wait_ssh
@@ -42,47 +45,47 @@ def host_keys_from_console(text: str) -> list[str]:
 class AWSInstances(AWSBase):
     """The nodes of a cluster in one zone: create (idempotently), wait for running, record, wait for SSH."""
 
-    def _tokens(self, cluster: Cluster, ranks: list[int], region: str, zone: str) -> dict[int, tuple[str, int]]:
-        """The ClientToken (and ledger row) of each node's RunInstances in this zone, recorded before the call.
-        A row still 'creating' (a crash between the request and its answer) is reused, so AWS answers with the
-        instance it made then instead of making a second one."""
-        out: dict[int, tuple[str, int]] = {}
+    def _batch_token(self, cluster: Cluster, ranks: list[int], region: str, zone: str) -> tuple[str, list[int]]:
+        """The ClientToken of this zone's RunInstances for ``ranks`` and the ledger rows (one per rank) recorded
+        before the call. Rows still 'creating' for exactly these ranks (a crash between the request and its
+        answer) give their token back, so AWS answers with the instances it made then; other leftovers of an
+        earlier batch are closed."""
         with self._store_lock:
-            for res in self.store.resources(cluster.id, live_only=True):
-                m = res.meta
-                if res.kind == "instance" and res.status == "creating" and m.get("rank") in ranks \
-                        and m.get("zone") == zone and res.region == region:
-                    out[int(m["rank"])] = (str(m["token"]), res.id)
-            for rank in ranks:
-                if rank not in out:
-                    token = uuid.uuid4().hex
-                    out[rank] = (token, self.store.record_resource(
-                        cluster.id, "instance", f"token:{token}", region=region,
-                        meta={"rank": rank, "zone": zone, "token": token}))
-        return out
+            creating = [res for res in self.store.resources(cluster.id, live_only=True)
+                        if res.kind == "instance" and res.status == "creating" and res.region == region]
+            same = [res for res in creating if res.meta.get("zone") == zone and res.meta.get("rank") in ranks]
+            tokens = {str(res.meta.get("token")) for res in same}
+            if len(tokens) == 1 and sorted(int(res.meta["rank"]) for res in same) == sorted(ranks) and \
+                    all(res.meta.get("batch") == ranks for res in same):
+                by_rank = {int(res.meta["rank"]): res.id for res in same}
+                return tokens.pop(), [by_rank[r] for r in ranks]
+            for res in creating:
+                self.store.mark_resource(res.id, "not-created")
+            token = uuid.uuid4().hex
+            rids = [self.store.record_resource(cluster.id, "instance", f"token:{token}#{rank}", region=region,
+                                               meta={"rank": rank, "zone": zone, "token": token, "batch": ranks})
+                    for rank in ranks]
+            return token, rids
 
     def _launch_zone(self, spec: ClusterSpec, cluster: Cluster, opts: AWSOptions, reg: Region, zone: str,
                      itype: str, efa: bool, existing: dict[int, dict[str, Any]], made: list[str]
                      ) -> dict[int, dict[str, Any]]:
         ec2 = self.ec2(reg.name, opts.profile)
         missing = [r for r in range(spec.num_nodes) if r not in existing]
+        new: dict[int, dict[str, Any]] = {}
         if missing:
             self.report.info(f"{reg.name}/{zone}: creating {len(missing)} {itype} node(s)"
                              + (f" ({len(existing)} already there)" if existing else ""))
-        made_lock = threading.Lock()
-        tokens = self._tokens(cluster, missing, reg.name, zone)
-
-        def one(rank: int) -> dict[str, Any]:
-            token, rid = tokens[rank]
-            tags = self._base_tags(cluster, opts, f"{cluster.name}-{rank}")
-            tags[TAG_RANK] = str(rank)
+            token, rids = self._batch_token(cluster, missing, reg.name, zone)
+            # the cluster's tags now; each node's rank and Name once it runs (they differ per instance)
+            tags = self._base_tags(cluster, opts, f"{cluster.name}-pending")
             nic: dict[str, Any] = {"DeviceIndex": 0, "Groups": [reg.sg_id], "SubnetId": reg.subnets[zone],
                                    "AssociatePublicIpAddress": True, "DeleteOnTermination": True}
             if efa:
                 nic["InterfaceType"] = "efa"
             params: dict[str, Any] = dict(
-                ImageId=reg.image_id, InstanceType=itype, MinCount=1, MaxCount=1, KeyName=reg.key_name,
-                ClientToken=token, NetworkInterfaces=[nic],
+                ImageId=reg.image_id, InstanceType=itype, MinCount=len(missing), MaxCount=len(missing),
+                KeyName=reg.key_name, ClientToken=token, NetworkInterfaces=[nic],
                 Placement={"AvailabilityZone": zone, **({"GroupName": reg.pg_name} if reg.pg_name else {})},
                 BlockDeviceMappings=[{"DeviceName": reg.root_device, "Ebs": {
                     "VolumeSize": spec.resources.disk_gb, "VolumeType": "gp3", "DeleteOnTermination": True,
@@ -99,32 +102,54 @@ class AWSInstances(AWSBase):
                 key = "Arn" if opts.instance_profile.startswith("arn:") else "Name"
                 params["IamInstanceProfile"] = {key: opts.instance_profile}
             try:
-                with api.call(f"run_instances ({itype}, {zone})"):
-                    inst = ec2.run_instances(**params)["Instances"][0]
+                with api.call(f"run_instances ({len(missing)} x {itype}, {zone})"):
+                    insts = ec2.run_instances(**params)["Instances"]
             except GtrainError:
-                self._mark(rid, "not-created")
+                for rid in rids:
+                    self._mark(rid, "not-created")
                 raise
-            with made_lock:
-                made.append(inst["InstanceId"])
-            self._mark(rid, "created", ref=inst["InstanceId"])
-            self.report.node(rank, f"{inst['InstanceId']} requested in {zone}")
-            return inst
-
-        new: dict[int, dict[str, Any]] = {}
-        if missing:
-            errors: list[BaseException] = []
-            with ThreadPoolExecutor(min(self._max_workers, len(missing))) as pool:
-                futs = {rank: pool.submit(one, rank) for rank in missing}
-                for rank, f in futs.items():
-                    try:
-                        new[rank] = f.result()
-                    except BaseException as e:  # noqa: BLE001 - the first error is raised below
-                        errors.append(e)
-            if errors:
-                caps = [e for e in errors if isinstance(e, CapacityError | QuotaError)]
-                raise (caps[0] if caps else errors[0])
+            insts.sort(key=lambda i: int(i.get("AmiLaunchIndex", 0)))
+            made.extend(i["InstanceId"] for i in insts)
+            if len(insts) != len(missing):  # MinCount makes this all or nothing; never guess ranks
+                raise ProviderError(f"{zone}: asked for {len(missing)} instances, AWS made {len(insts)}")
+            for rank, rid, inst in zip(missing, rids, insts, strict=True):
+                self._mark(rid, "created", ref=inst["InstanceId"])
+                self.report.node(rank, f"{inst['InstanceId']} requested in {zone}")
+                new[rank] = inst
         ids = {rank: inst["InstanceId"] for rank, inst in {**existing, **new}.items()}
-        return self._wait_running(reg.name, opts, ids)
+        running = self._wait_running(reg.name, opts, ids)
+        untagged = set(new) | {rank for rank, inst in existing.items() if TAG_RANK not in api.tagdict(inst)}
+        self._tag_ranks(ec2, cluster, {rank: running[rank] for rank in sorted(untagged)})
+        return running
+
+    def _tag_ranks(self, ec2: Any, cluster: Cluster, nodes: dict[int, dict[str, Any]]) -> None:
+        """``Name=<cluster>-<rank>`` and ``gtrain:rank`` on each node's instance, volumes and interfaces: one
+        CreateTags per node (the values differ), in parallel."""
+        def one(rank: int) -> None:
+            inst = nodes[rank]
+            ids = [inst["InstanceId"]]
+            ids += [b["Ebs"]["VolumeId"] for b in inst.get("BlockDeviceMappings") or [] if b.get("Ebs")]
+            ids += [n["NetworkInterfaceId"] for n in inst.get("NetworkInterfaces") or []]
+            with api.call(f"create_tags {inst['InstanceId']}"):
+                ec2.create_tags(Resources=ids, Tags=api.tags({"Name": f"{cluster.name}-{rank}", TAG_RANK: str(rank)}))
+            inst.setdefault("Tags", [])
+            inst["Tags"] = [t for t in inst["Tags"] if t.get("Key") not in ("Name", TAG_RANK)] + api.tags(
+                {"Name": f"{cluster.name}-{rank}", TAG_RANK: str(rank)})
+
+        if not nodes:
+            return
+        with ThreadPoolExecutor(min(self._max_workers, len(nodes))) as pool:
+            for f in [pool.submit(one, rank) for rank in sorted(nodes)]:
+                f.result()
+
+    @staticmethod
+    def _adopt(spec: ClusterSpec, unranked: list[dict[str, Any]], existing: dict[int, dict[str, Any]]) -> list[str]:
+        """Instances a crashed ``up`` made but did not get to tag with a rank take the missing ranks (tagged
+        once they run). Returns the ids of any beyond what the cluster needs, for the caller to terminate."""
+        missing = [r for r in range(spec.num_nodes) if r not in existing]
+        unranked = sorted(unranked, key=lambda i: (str(i.get("LaunchTime") or ""), int(i.get("AmiLaunchIndex", 0))))
+        existing.update(zip(missing, unranked, strict=False))
+        return [i["InstanceId"] for i in unranked[len(missing):]]
 
     def _wait_running(self, region: str, opts: AWSOptions, ids: dict[int, str],
                       timeout: float = 900.0) -> dict[int, dict[str, Any]]:

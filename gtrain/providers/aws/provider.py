@@ -153,11 +153,20 @@ class AWSProvider(AWSInstances, AWSNetwork, AWSTeardown):
             if found:
                 zone = found[0]["Placement"]["AvailabilityZone"]
                 targets = [_Target(t.region, [zone])]
+                unranked: list[dict[str, Any]] = []
                 for inst in found:
-                    rank = int(api.tagdict(inst).get(TAG_RANK, "-1"))
-                    if 0 <= rank < spec.num_nodes and inst["Placement"]["AvailabilityZone"] == zone:
-                        existing[rank] = inst
-                self.report.info(f"found {len(existing)} of {spec.num_nodes} node(s) of {cluster.name} in {zone}")
+                    if inst["Placement"]["AvailabilityZone"] != zone:
+                        continue
+                    tag = api.tagdict(inst).get(TAG_RANK)
+                    if tag is None:  # made by a batch whose `up` died before tagging ranks
+                        unranked.append(inst)
+                    elif 0 <= int(tag) < spec.num_nodes and int(tag) not in existing:
+                        existing[int(tag)] = inst
+                extra = self._adopt(spec, unranked, existing)
+                self.report.info(f"found {len(existing)} of {spec.num_nodes} node(s) of {cluster.name} in {zone}"
+                                 + (f" ({len(unranked) - len(extra)} without a rank, adopted)" if unranked else ""))
+                if extra:
+                    self._terminate_ids(cluster, t.region, extra, opts.profile)
                 break
         attempts = Attempts()
         for t in targets:
