@@ -1,7 +1,9 @@
 """End to end on GCP (the fake Compute Engine): `gtrain up` makes 2 instances in the fake; their SSH goes
 through ``gcp.ssh_proxy_command`` (%h = instance name) to two real sshd hosts (tests/fixtures/sshd.py), which
-get the key from the instances' ``ssh-keys`` metadata as GCE's guest agent would; a real 2-node torchrun job
-(gloo, CPU) runs there; then pull and down, and nothing is left in the fake."""
+get the key from the instances' ``ssh-keys`` metadata as GCE's guest agent would, and whose host keys the
+fake publishes as the instances' guest attributes (``hostkeys/``), as the guest agent would: gtrain pins them
+before it connects. A real 2-node torchrun job (gloo, CPU) runs there; then pull and down, and nothing is
+left in the fake."""
 
 from __future__ import annotations
 
@@ -12,8 +14,10 @@ from pathlib import Path
 import pytest
 
 import gtrain
+from gtrain.events import Reporter
 from gtrain.remote import ssh as sshmod
 from tests.fixtures.fake_gce import FakeGCE
+from tests.integration.node_relay import assign
 
 JOBS = Path(__file__).parent / "jobs"
 RELAY = Path(__file__).parent / "node_relay.py"
@@ -41,16 +45,32 @@ def test_two_node_torchrun_on_gce_nodes_over_proxy_command(fake_gce: FakeGCE, ss
         "job": {"workdir": str(work), "run": "probe.py", "nproc_per_node": 2, "checkpoint_dir": "ckpt",
                 "python": sys.executable, "env": {"OMP_NUM_THREADS": "1"}},
     }))
-    res = gtrain.up(spec)
+
+    def guest_agent(name: str) -> list[dict[str, str]]:  # the instance's host, as the relay will map it
+        addr, port = assign("gcp", relay_dir, name)
+        host = next(h for h in hosts if (h.address, h.port) == (addr, port))
+        kt, b64 = host.host_key_line.split()[:2]
+        return [{"namespace": "hostkeys", "key": kt, "value": b64}]
+
+    fake_gce.guest_attributes = guest_agent
+    said: list[str] = []
+
+    class Said(Reporter):
+        def node(self, rank: int, msg: str) -> None:
+            said.append(msg)
+
+    res = gtrain.up(spec, report=Said())
     assert res.created and res.cluster is not None
     cid = res.cluster.id
+    assert said.count("host keys pinned from the instance's guest attributes (1)") == 2, said
+    assert not [m for m in said if "trusting the key on first use" in m]
     try:
         mapping = json.loads((relay_dir / "map.json").read_text())
         assert sorted(mapping) == [f"{cid}-0", f"{cid}-1"]  # each instance reached its own host by name
         # ssh_cidr auto + a proxy command: no port 22 opened, only the rule between the cluster's instances
         assert fake_gce.of_cluster(cid)["firewall"] == [f"gtrain-{cid}-int"]
         kh = (gtrain_home / "ssh" / "known_hosts").read_text()
-        assert all(h.host_key_line.split()[1] in kh for h in hosts)  # trusted on first use, recorded
+        assert all(h.host_key_line.split()[1] in kh for h in hosts)  # pinned from the guest attributes
         status = gtrain.status("gcp-e2e")[0]
         assert [n["status"] for n in status["nodes"]] == ["running", "running"]
         if ssh_hosts.mode == "netns":

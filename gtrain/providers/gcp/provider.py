@@ -80,7 +80,8 @@ class GCPOptions(CloudOptions):
 
     project: str | None = Field(None, description="else GOOGLE_CLOUD_PROJECT / gcloud's / the credentials' project")
     ssh_user: str = Field("gtrain", pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
-    host_key_wait_s: float = Field(0, ge=0, description="how long to wait for host keys in guest attributes")
+    host_key_wait_s: float = Field(120, ge=0, description="how long to wait for the host keys the guest agent "
+                                   "publishes in guest attributes (hostkeys/) before trusting on first use")
     network: str = "default"
     subnetwork: str | None = None
     external_ip: bool | None = Field(None, description="default: yes, unless ssh_proxy_command is set")
@@ -483,10 +484,28 @@ class GCPProvider(GCPTeardown, Provider):
     # ---- ssh ----
 
     def _wait_ssh(self, cluster: Cluster, opts: GCPOptions, project: str) -> None:
-        wait_ssh(cluster, self.store, self.report, self._store_lock, host_keys=lambda node: [],
-                 host_key_wait_s=0.0, ssh_timeout_s=opts.ssh_timeout_s, poll_s=opts.poll_s,
+        wait_ssh(cluster, self.store, self.report, self._store_lock,
+                 host_keys=lambda node: self._guest_host_keys(project, node.zone or node.meta.get("zone") or "",
+                                                              node.instance_id or ""),
+                 host_key_wait_s=opts.host_key_wait_s, ssh_timeout_s=opts.ssh_timeout_s, poll_s=opts.poll_s,
                  max_workers=self._max_workers, key_source="the instance's guest attributes",
                  hint="check gcp.ssh_cidr / gcp.ssh_proxy_command; `gtrain down` removes them")
+
+    def _guest_host_keys(self, project: str, zone: str, name: str) -> list[str]:
+        """``keytype base64`` lines the guest environment publishes under guest attributes ``hostkeys/``
+        (enabled by the ``enable-guest-attributes`` metadata gtrain sets); [] until it has."""
+        try:
+            with gce(f"instances.getGuestAttributes {name}"):
+                # query_path is not a flattened argument of the client: it goes in the request
+                ga = self.clients.instances.get_guest_attributes(request={
+                    "project": project, "zone": zone, "instance": name, "query_path": "hostkeys/"})
+        except ProviderError as e:
+            if api.is_not_found(e):  # not published yet (the guest agent is still starting)
+                return []
+            raise
+        items = ga.query_value.items if ga.query_value else []
+        return [f"{i.key} {i.value}" for i in items
+                if i.namespace == "hostkeys" and (i.key.startswith("ssh-") or i.key.startswith("ecdsa-")) and i.value]
 
     def runners(self, cluster: Cluster) -> list[Runner]:
         from gtrain.providers.ssh import runner_from_meta
