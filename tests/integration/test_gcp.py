@@ -237,6 +237,15 @@ def test_a_zone_without_the_type_is_skipped_and_a_bad_zone_named(fake_gce: FakeG
     c = core.up(s, ctx).cluster
     assert c is not None and ctx.store.nodes(c.id)[0].zone == "us-central1-c"
     core.down(s.name, ctx)
+    # without resources.zones the zones come from the API's machine type list: 1a is not even tried
+    before = len(fake_gce.requests)
+    c = core.up(spec("gcp-livezones", 1), ctx).cluster
+    assert c is not None and ctx.store.nodes(c.id)[0].zone == "us-central1-b"
+    asked = [p for m, p in fake_gce.requests[before:] if m == "POST" and p.endswith("/instances")]
+    assert asked == ["/zones/us-central1-b/instances"]
+    assert ("GET", "/aggregated/machineTypes") in fake_gce.requests[before:]
+    assert ("GET", "/aggregated/acceleratorTypes") in fake_gce.requests[before:]  # N1: the T4 is attached
+    core.down("gcp-livezones", ctx)
     with pytest.raises(ConfigError) as ei:  # a zone that does not exist at all
         core.up(spec("gcp-badzone", 1, resources={"zones": ["us-central1-x"]}), ctx)
     assert ei.value.field == "resources.zones" and "us-central1-x" in ei.value.message

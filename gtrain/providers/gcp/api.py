@@ -67,12 +67,14 @@ def _adc_available() -> bool:
 
 @dataclass
 class GCEClients:
-    """The four clients gtrain uses; tests pass their own (pointed at a fake) to the provider."""
+    """The clients gtrain uses; tests pass their own (pointed at a fake) to the provider."""
 
     instances: Any
     zone_operations: Any
     firewalls: Any
     global_operations: Any
+    machine_types: Any = None  # None: zones come from the built-in table
+    accelerator_types: Any = None
 
 
 def make_clients(credentials: Any = None) -> GCEClients:
@@ -92,7 +94,8 @@ def make_clients(credentials: Any = None) -> GCEClients:
         kw["credentials"] = credentials
     with gce("creating the Compute Engine clients"):
         return GCEClients(compute_v1.InstancesClient(**kw), compute_v1.ZoneOperationsClient(**kw),
-                          compute_v1.FirewallsClient(**kw), compute_v1.GlobalOperationsClient(**kw))
+                          compute_v1.FirewallsClient(**kw), compute_v1.GlobalOperationsClient(**kw),
+                          compute_v1.MachineTypesClient(**kw), compute_v1.AcceleratorTypesClient(**kw))
 
 
 def default_project() -> str | None:

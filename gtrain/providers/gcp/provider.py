@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from gtrain.errors import CapacityError, ConfigError, GtrainError, ProviderError, QuotaError
+from gtrain.errors import CapacityError, ConfigError, CredentialsError, GtrainError, ProviderError, QuotaError
 from gtrain.events import SILENT, Reporter
 from gtrain.providers.base import IntervalCost, NodeStatus, Plan, Provider
 from gtrain.providers.common import (
@@ -192,6 +192,36 @@ class GCPProvider(GCPTeardown, Provider):
             return [z for z in zones if api.region_of_zone(z) == region]
         return REGION_ZONES.get(region, [f"{region}-{x}" for x in "abc"])
 
+    def _offered_zones(self, spec: ClusterSpec, project: str, region: str, offer: Offer) -> list[str]:
+        """The zones of ``region`` that offer the machine type (and, for N1, the attached GPU), asked of the
+        API (machineTypes / acceleratorTypes aggregatedList), like AWS's instance type offerings; the spec's
+        own ``resources.zones`` as given; the built-in table where the lists cannot be read."""
+        table = self._zones(spec, region)
+        if spec.resources.zones or self.clients.machine_types is None:
+            return table
+
+        def where(client: Any, kind: str, name: str) -> set[str]:
+            found: set[str] = set()
+            with gce(f"{kind}.aggregatedList {name}"):
+                for scope, listed in client.aggregated_list(request={"project": project,
+                                                                     "filter": f'name = "{name}"'}):
+                    items = getattr(listed, "machine_types" if kind == "machineTypes" else "accelerator_types")
+                    if any(i.name == name for i in items):
+                        found.add(scope.rsplit("/", 1)[-1])
+            return found
+
+        try:
+            zones = where(self.clients.machine_types, "machineTypes", offer.instance_type)
+            if _attached(offer) and offer.accelerator_type and self.clients.accelerator_types is not None:
+                zones &= where(self.clients.accelerator_types, "acceleratorTypes", offer.accelerator_type)
+        except (CredentialsError, ProviderError) as e:
+            self.report.warn(f"{region}: cannot list the zones offering {offer.instance_type} ({e.message}); "
+                             f"trying {', '.join(table)}")
+            return table
+        mine = [z for z in zones if api.region_of_zone(z) == region]
+        order = {z: i for i, z in enumerate(table)}
+        return sorted(mine, key=lambda z: (order.get(z, len(order)), z))
+
     def plan(self, spec: ClusterSpec) -> Plan:
         opts = gcp_options(spec.gcp)
         res = spec.resources
@@ -276,7 +306,12 @@ class GCPProvider(GCPTeardown, Provider):
                 attempts.add(region, f"{offer.instance_type} ({offer.accelerators}) not in the catalog here")
                 continue
             body = self._body(spec, cluster, opts, regional, pub)
-            for zone in zones_pin or self._zones(spec, region):
+            zones = zones_pin or self._offered_zones(spec, project, region, regional)
+            if not zones:
+                attempts.add(region, f"no zone offers {regional.instance_type}"
+                             + (f" with {regional.accelerator_type}" if _attached(regional) else ""))
+                continue
+            for zone in zones:
                 made: list[str] = []
                 try:
                     nodes = self._launch_zone(spec, cluster, project, zone, body, existing, made)
