@@ -21,6 +21,7 @@ from botocore.awsrequest import AWSResponse
 from gtrain import cluster as core
 from gtrain.cluster import Context
 from gtrain.errors import CapacityError, ConfigError, QuotaError
+from gtrain.events import Reporter
 from gtrain.providers.aws import (
     EBS_GP3_USD_PER_GB_MONTH,
     HOURS_PER_MONTH,
@@ -250,6 +251,36 @@ def test_nodes_left_without_a_rank_by_a_crash_are_adopted() -> None:
     assert ranks == ["0", "1", "2"]
     core.down(s.name, ctx)
     assert all(not v for v in of_cluster(c.id).values())
+
+
+@pytest.mark.parametrize("proxy", [True, False], ids=["private-nodes", "public-address"])
+def test_efa_on_every_network_card_when_nodes_are_private(proxy: bool) -> None:
+    session = boto3.Session()
+    sent: list[dict[str, Any]] = []
+    session.events.register("before-parameter-build.ec2.RunInstances",
+                            lambda params, **_: sent.append(json.loads(json.dumps(params, default=str))))
+    warned: list[str] = []
+
+    class Warns(Reporter):
+        def warn(self, msg: str) -> None:
+            warned.append(msg)
+
+    ctx = Context(store=StateStore(), report=Warns())
+    ctx._providers["aws"] = AWSProvider(ctx.store, ctx.report, session=session)
+    extra = {"ssh_proxy_command": "ssm-proxy %h"} if proxy else {}
+    s = spec(f"aws-efa-{int(proxy)}", 2, resources={"accelerators": None, "instance_type": "p4d.24xlarge"}, **extra)
+    try:
+        core.up(s, ctx)
+        nics = sent[0]["NetworkInterfaces"]
+        if proxy:  # p4d.24xlarge: 4 network cards, an EFA on each, no public address (AWS allows none here)
+            assert [(n["NetworkCardIndex"], n["DeviceIndex"], n["InterfaceType"]) for n in nics] == [
+                (0, 0, "efa"), (1, 1, "efa"), (2, 1, "efa"), (3, 1, "efa")]
+            assert not any("AssociatePublicIpAddress" in n for n in nics) and not [w for w in warned if "EFA" in w]
+        else:
+            assert len(nics) == 1 and nics[0]["InterfaceType"] == "efa" and nics[0]["AssociatePublicIpAddress"]
+            assert any("4 EFA network cards" in w and "ssh_proxy_command" in w for w in warned), warned
+    finally:
+        core.down(s.name, ctx)
 
 
 # ---------------------------------------------------------------------------------------------- failover

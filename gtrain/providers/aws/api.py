@@ -169,6 +169,7 @@ class AWSBase(Provider):
         self._store_lock = threading.RLock()  # one sqlite connection: one writer at a time
         self._max_workers = max_workers
         self._spot_cache: dict[tuple[Any, ...], list[tuple[float, float]]] = {}
+        self._efa_cache: dict[tuple[str, str], int] = {}
 
     # ---- clients ----
 

@@ -79,13 +79,10 @@ class AWSInstances(AWSBase):
             token, rids = self._batch_token(cluster, missing, reg.name, zone)
             # the cluster's tags now; each node's rank and Name once it runs (they differ per instance)
             tags = self._base_tags(cluster, opts, f"{cluster.name}-pending")
-            nic: dict[str, Any] = {"DeviceIndex": 0, "Groups": [reg.sg_id], "SubnetId": reg.subnets[zone],
-                                   "AssociatePublicIpAddress": True, "DeleteOnTermination": True}
-            if efa:
-                nic["InterfaceType"] = "efa"
             params: dict[str, Any] = dict(
                 ImageId=reg.image_id, InstanceType=itype, MinCount=len(missing), MaxCount=len(missing),
-                KeyName=reg.key_name, ClientToken=token, NetworkInterfaces=[nic],
+                KeyName=reg.key_name, ClientToken=token,
+                NetworkInterfaces=self._nics(ec2, reg, zone, itype, efa, opts),
                 Placement={"AvailabilityZone": zone, **({"GroupName": reg.pg_name} if reg.pg_name else {})},
                 BlockDeviceMappings=[{"DeviceName": reg.root_device, "Ebs": {
                     "VolumeSize": spec.resources.disk_gb, "VolumeType": "gp3", "DeleteOnTermination": True,
@@ -121,6 +118,39 @@ class AWSInstances(AWSBase):
         untagged = set(new) | {rank for rank, inst in existing.items() if TAG_RANK not in api.tagdict(inst)}
         self._tag_ranks(ec2, cluster, {rank: running[rank] for rank in sorted(untagged)})
         return running
+
+    def _efa_cards(self, ec2: Any, region: str, itype: str) -> int:
+        """How many EFA interfaces the type takes, one per network card (p4d: 4, p5: 32), as EC2 says."""
+        key = (region, itype)
+        if key not in self._efa_cache:
+            try:
+                with api.call(f"{region}: describe_instance_types {itype}"):
+                    info = ec2.describe_instance_types(InstanceTypes=[itype])["InstanceTypes"][0]["NetworkInfo"]
+                cards = min(int((info.get("EfaInfo") or {}).get("MaximumEfaInterfaces") or 1),
+                            int(info.get("MaximumNetworkCards") or 1)) if info.get("EfaSupported") else 1
+            except (ProviderError, IndexError, KeyError):
+                cards = 1  # the catalog said EFA: at least the one on card 0
+            self._efa_cache[key] = max(1, cards)
+        return self._efa_cache[key]
+
+    def _nics(self, ec2: Any, reg: Region, zone: str, itype: str, efa: bool, opts: AWSOptions) -> list[dict[str, Any]]:
+        """The node's network interfaces. With EFA on a type with several network cards, one EFA per card (the
+        type's whole inter-node bandwidth) when the nodes are reached through ``ssh_proxy_command``: AWS gives
+        no public IPv4 address to an instance launched with more than one interface. Otherwise one interface,
+        with a public address (and EFA on card 0 where asked)."""
+        base: dict[str, Any] = {"Groups": [reg.sg_id], "SubnetId": reg.subnets[zone], "DeleteOnTermination": True}
+        cards = self._efa_cards(ec2, reg.name, itype) if efa else 1
+        if cards > 1 and opts.ssh_proxy_command:
+            return [{**base, "NetworkCardIndex": i, "DeviceIndex": 0 if i == 0 else 1, "InterfaceType": "efa"}
+                    for i in range(cards)]
+        if cards > 1:
+            self.report.warn(f"{itype} has {cards} EFA network cards; with a public address only the one on card 0 "
+                             "is attached. Set aws.ssh_proxy_command (e.g. SSM) to reach private nodes and get all "
+                             f"{cards}")
+        nic: dict[str, Any] = {**base, "DeviceIndex": 0, "AssociatePublicIpAddress": True}
+        if efa:
+            nic["InterfaceType"] = "efa"
+        return [nic]
 
     def _tag_ranks(self, ec2: Any, cluster: Cluster, nodes: dict[int, dict[str, Any]]) -> None:
         """``Name=<cluster>-<rank>`` and ``gtrain:rank`` on each node's instance, volumes and interfaces: one
