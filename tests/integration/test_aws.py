@@ -504,3 +504,33 @@ def test_console_host_key_parsing() -> None:
             "-----END SSH HOST KEY KEYS-----\n")
     assert host_keys_from_console(text) == ["ecdsa-sha2-nistp256 AAAAE2VjZHNh", "ssh-ed25519 AAAAC3NzaC1"]
     assert host_keys_from_console("Linux version 2.6.16-xenU") == []
+
+
+def test_custom_vpc_subnets() -> None:
+    e = ec2()
+    vpc = e.create_vpc(CidrBlock="10.42.0.0/16")["Vpc"]["VpcId"]
+    sa = e.create_subnet(VpcId=vpc, CidrBlock="10.42.1.0/24", AvailabilityZone="us-east-1b")["Subnet"]["SubnetId"]
+    sb = e.create_subnet(VpcId=vpc, CidrBlock="10.42.2.0/24", AvailabilityZone="us-east-1c")["Subnet"]["SubnetId"]
+    ctx = context()
+    s = spec("aws-vpc", 2, subnet_ids=[sb, sa])
+    try:
+        c = core.up(s, ctx).cluster
+        assert c is not None
+        mine = of_cluster(c.id)
+        insts = [i for r in e.describe_instances(InstanceIds=mine["instance"])["Reservations"] for i in r["Instances"]]
+        assert {i["SubnetId"] for i in insts} == {sb} and {i["VpcId"] for i in insts} == {vpc}  # the first given
+        sg = e.describe_security_groups(GroupIds=mine["security-group"])["SecurityGroups"][0]
+        assert sg["VpcId"] == vpc
+        assert all(n.address and n.address.startswith("10.42.2.") for n in ctx.store.nodes(c.id))
+    finally:
+        core.down(s.name, ctx)
+    # subnets of two VPCs, a subnet of another region, a VPC list with two regions: exit-2 errors naming the field
+    other = e.describe_subnets(Filters=[{"Name": "default-for-az", "Values": ["true"]}])["Subnets"][0]["SubnetId"]
+    for bad, fld, match in ([{"subnet_ids": [sa, other]}, "aws.subnet_ids", "one VPC"],
+                            [{"subnet_ids": ["subnet-0123456789abcdef0"]}, "aws.subnet_ids", "one region"],
+                            [{"vpc_id": vpc, "resources": {"region": None, "regions": ["us-east-1", "us-west-2"]}},
+                             "aws.vpc_id", "belong to one region"]):
+        resources = bad.pop("resources", None)
+        with pytest.raises(ConfigError) as ei:
+            core.up(spec("aws-vpc-bad", 1, resources=resources, **bad), ctx)
+        assert ei.value.field == fld and match in f"{ei.value.message} {ei.value.hint}", ei.value.message

@@ -1,6 +1,7 @@
 """What a cluster needs in a region before its nodes: the key pair (imported from the local ed25519 key), the
-security group (22 from ``aws.ssh_cidr``, all traffic from itself), the cluster placement group, the default
-subnet of each zone and the image. Mixed into :class:`gtrain.providers.aws.AWSProvider`."""
+security group (22 from ``aws.ssh_cidr``, all traffic from itself), the cluster placement group, the subnet of
+each zone (the default VPC's, or those of ``aws.vpc_id`` / ``aws.subnet_ids``) and the image. Mixed into
+:class:`gtrain.providers.aws.AWSProvider`."""
 
 from __future__ import annotations
 
@@ -49,11 +50,14 @@ class AWSNetwork(AWSBase):
         name = api.resource_name(cluster.id)
         tags = self._base_tags(cluster, opts, name)
         want_pg = opts.placement_group if opts.placement_group is not None else spec.num_nodes > 1
+        custom: tuple[str, dict[str, str]] | None = None
+        if opts.vpc_id or opts.subnet_ids:  # the VPC first: the security group goes in it
+            custom = self._custom_subnets(ec2, reg.name, opts, zones)
         with ThreadPoolExecutor(5) as pool:  # independent calls, in parallel
             f_img = pool.submit(self._image, ec2, reg.name, spec, opts)
-            f_sub = pool.submit(self._subnets, ec2, reg.name, itype, zones)
+            f_sub = pool.submit(self._subnets, ec2, reg.name, itype, zones, custom[1] if custom else None)
             f_key = pool.submit(self._ensure_key, ec2, cluster, reg, tags)
-            f_sg = pool.submit(self._ensure_sg, ec2, cluster, reg, tags, ssh_cidr)
+            f_sg = pool.submit(self._ensure_sg, ec2, cluster, reg, tags, ssh_cidr, custom[0] if custom else None)
             futs: list[Future[Any]] = [f_key, f_sg, f_img, f_sub]
             if want_pg:
                 futs.append(pool.submit(self._ensure_pg, ec2, cluster, reg, tags, opts.placement_group is True))
@@ -100,22 +104,66 @@ class AWSNetwork(AWSBase):
         best = min(imgs, key=rank)
         return best["ImageId"], best.get("RootDeviceName") or "/dev/sda1"
 
-    def _subnets(self, ec2: Any, region: str, itype: str, zones: list[str] | None) -> dict[str, str]:
-        with api.call(f"{region}: describe_subnets"):
-            subs = ec2.describe_subnets(Filters=[{"Name": "default-for-az", "Values": ["true"]}])["Subnets"]
-        by_zone = {s["AvailabilityZone"]: s["SubnetId"] for s in subs}
+    def _custom_subnets(self, ec2: Any, region: str, opts: AWSOptions, zones: list[str] | None
+                        ) -> tuple[str, dict[str, str]]:
+        """(VPC id, zone -> subnet) from ``aws.subnet_ids`` (one VPC; the first subnet of each zone) or from
+        every subnet of ``aws.vpc_id``."""
+        fld = "aws.subnet_ids" if opts.subnet_ids else "aws.vpc_id"
+        try:
+            with api.call(f"{region}: describe_subnets"):
+                if opts.subnet_ids:
+                    subs = ec2.describe_subnets(SubnetIds=opts.subnet_ids)["Subnets"]
+                else:
+                    subs = ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [opts.vpc_id]}])["Subnets"]
+        except ProviderError as e:
+            if not api.is_not_found(e):
+                raise
+            raise ConfigError(f"{fld}: {e.message}", hint=f"subnet and VPC ids belong to one region ({region} here)",
+                              field=fld) from None
+        vpcs = sorted({s["VpcId"] for s in subs})
+        if not subs:
+            raise ConfigError(f"aws.vpc_id: {opts.vpc_id} has no subnets in {region}", field="aws.vpc_id")
+        if len(vpcs) > 1 or (opts.vpc_id and vpcs[0] != opts.vpc_id):
+            raise ConfigError(f"{fld}: the subnets are in {', '.join(vpcs)}"
+                              + (f", not in aws.vpc_id {opts.vpc_id}" if opts.vpc_id else ""),
+                              hint="a cluster's nodes share one VPC (and one security group): give subnets of one VPC",
+                              field=fld)
+        by_zone: dict[str, str] = {}
+        order = opts.subnet_ids or sorted(s["SubnetId"] for s in subs)
+        for sid in order:
+            s = next(x for x in subs if x["SubnetId"] == sid)
+            by_zone.setdefault(s["AvailabilityZone"], sid)
         if zones:
             missing = [z for z in zones if z not in by_zone]
             if missing:
+                raise ConfigError(f"resources.zones: no subnet of {fld} in {', '.join(missing)}",
+                                  hint=f"add a subnet of that zone to {fld}, or leave resources.zones out",
+                                  field="resources.zones")
+            by_zone = {z: by_zone[z] for z in zones}
+        return vpcs[0], by_zone
+
+    def _subnets(self, ec2: Any, region: str, itype: str, zones: list[str] | None,
+                 custom: dict[str, str] | None = None) -> dict[str, str]:
+        if custom is not None:
+            by_zone = custom
+        else:
+            with api.call(f"{region}: describe_subnets"):
+                subs = ec2.describe_subnets(Filters=[{"Name": "default-for-az", "Values": ["true"]}])["Subnets"]
+            by_zone = {s["AvailabilityZone"]: s["SubnetId"] for s in subs}
+        if zones and custom is None:
+            missing = [z for z in zones if z not in by_zone]
+            if missing:
                 raise ConfigError(f"resources.zones: no default subnet in {', '.join(missing)}",
-                                  hint="gtrain uses the default VPC; `aws ec2 create-default-subnet "
-                                       "--availability-zone ZONE` makes one", field="resources.zones")
+                                  hint="gtrain uses the default VPC unless aws.vpc_id / aws.subnet_ids say "
+                                       "otherwise; `aws ec2 create-default-subnet --availability-zone ZONE` "
+                                       "makes one", field="resources.zones")
             return {z: by_zone[z] for z in zones}
         with api.call(f"{region}: describe_instance_type_offerings"):
             offered = {o["Location"] for o in ec2.describe_instance_type_offerings(
                 LocationType="availability-zone",
                 Filters=[{"Name": "instance-type", "Values": [itype]}])["InstanceTypeOfferings"]}
-        return {z: s for z, s in sorted(by_zone.items()) if z in offered}
+        items = by_zone.items() if custom is not None else sorted(by_zone.items())  # aws.subnet_ids: in its order
+        return {z: s for z, s in items if z in offered}
 
     def _ensure_key(self, ec2: Any, cluster: Cluster, reg: Region, tags: dict[str, str]) -> None:
         name = api.resource_name(cluster.id)
@@ -134,14 +182,17 @@ class AWSNetwork(AWSBase):
         reg.key_name = name
         reg.created.append(("key-pair", name, rid))
 
-    def _ensure_sg(self, ec2: Any, cluster: Cluster, reg: Region, tags: dict[str, str], ssh_cidr: str | None) -> None:
+    def _ensure_sg(self, ec2: Any, cluster: Cluster, reg: Region, tags: dict[str, str], ssh_cidr: str | None,
+                   vpc: str | None = None) -> None:
         name = api.resource_name(cluster.id)
-        with api.call(f"{reg.name}: describe_vpcs"):
-            vpcs = ec2.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"]
-        if not vpcs:
-            raise ConfigError(f"resources.region: {reg.name} has no default VPC",
-                              hint="`aws ec2 create-default-vpc --region REGION` makes one", field="resources.region")
-        vpc = vpcs[0]["VpcId"]
+        if vpc is None:
+            with api.call(f"{reg.name}: describe_vpcs"):
+                vpcs = ec2.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"]
+            if not vpcs:
+                raise ConfigError(f"resources.region: {reg.name} has no default VPC",
+                                  hint="`aws ec2 create-default-vpc --region REGION` makes one, or name a VPC "
+                                       "with aws.vpc_id / aws.subnet_ids", field="resources.region")
+            vpc = vpcs[0]["VpcId"]
         with api.call(f"{reg.name}: describe_security_groups"):
             have = ec2.describe_security_groups(Filters=[{"Name": "group-name", "Values": [name]},
                                                          {"Name": "vpc-id", "Values": [vpc]}])["SecurityGroups"]

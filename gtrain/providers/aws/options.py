@@ -26,6 +26,20 @@ class AWSOptions(CloudOptions):
     image_owner: str = "amazon"
     instance_profile: str | None = Field(None, description="IAM instance profile name or ARN for the nodes")
     tags: dict[str, str] = Field(default_factory=dict)
+    vpc_id: str | None = Field(None, pattern=r"^vpc-[0-9a-f]{8,17}$",
+                               description="a VPC other than the region's default one (its subnets, one per zone)")
+    subnet_ids: list[str] | None = Field(
+        None, min_length=1, description="the subnets nodes may go in (one VPC; their zones tried in this order)")
+
+    @field_validator("subnet_ids")
+    @classmethod
+    def _subnets(cls, v: list[str] | None) -> list[str] | None:
+        for s in v or []:
+            import re
+
+            if not re.fullmatch(r"subnet-[0-9a-f]{8,17}", s):
+                raise ValueError(f"{s!r} is not a subnet id (subnet-0123456789abcdef0)")
+        return v
 
     @field_validator("tags")
     @classmethod

@@ -70,6 +70,11 @@ class AWSProvider(AWSInstances, AWSNetwork, AWSTeardown):
         if res.regions and res.region and res.region not in res.regions:
             raise ConfigError(f"resources.region: {res.region!r} is not in resources.regions",
                               hint="give one or the other", field="resources.region")
+        if (opts.vpc_id or opts.subnet_ids) and len(regions) != 1:
+            fld = "aws.subnet_ids" if opts.subnet_ids else "aws.vpc_id"
+            raise ConfigError(f"{fld}: VPC and subnet ids belong to one region, and the spec names "
+                              + (f"{len(regions)} ({', '.join(regions)})" if regions else "none"),
+                              hint="set resources.region to the region of the VPC", field=fld)
         first = regions[0] if regions else None
         field_name = "resources.regions[0]" if res.regions else "resources.region"
         try:
