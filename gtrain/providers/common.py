@@ -5,7 +5,8 @@
 * the failover bookkeeping: each failed zone/region attempt, then one Capacity- or QuotaError that lists them;
 * the billing arithmetic: per-second billing with a minimum, disk by GB-hour from a $/GB-month list price;
 * waiting for every new node to answer over SSH (host keys pinned from the cloud where it publishes them);
-* ``gtrain gc``'s result types.
+* ``gtrain gc``'s result types;
+* :class:`Ledger`: recording and marking rows of the resource ledger, one writer at a time.
 
 No cloud SDK is imported here.
 """
@@ -32,6 +33,8 @@ from gtrain.providers.base import IntervalCost
 from gtrain.state import gtrain_home
 
 if TYPE_CHECKING:
+    import threading
+
     from gtrain.events import Reporter
     from gtrain.state import Cluster, CostInterval, StateStore
 
@@ -320,6 +323,25 @@ class GCResult:
     def to_dict(self) -> dict[str, Any]:
         return {"regions": self.regions, "clusters": self.clusters, "deleted": self.deleted,
                 "orphans": [asdict(o) for o in self.orphans], "left": self.left, "warnings": self.warnings}
+
+
+# ---------------------------------------------------------------------------------------------- the ledger
+
+
+class Ledger:
+    """The resource ledger helpers of a cloud provider's base; needs ``store`` and ``_store_lock`` (one sqlite
+    connection: one writer at a time)."""
+
+    store: StateStore
+    _store_lock: threading.RLock
+
+    def _record(self, cluster: Cluster, kind: str, ref: str, region: str, meta: dict[str, Any] | None = None) -> int:
+        with self._store_lock:
+            return self.store.record_resource(cluster.id, kind, ref, region=region, meta=meta)
+
+    def _mark(self, rid: int, status: str, **kw: Any) -> None:
+        with self._store_lock:
+            self.store.mark_resource(rid, status, **kw)
 
 
 def live_cluster_ids(store: StateStore, provider: str) -> set[str]:

@@ -24,8 +24,8 @@ from gtrain.errors import (
 )
 from gtrain.events import SILENT, Reporter
 from gtrain.providers.base import Provider
+from gtrain.providers.common import Ledger, write_ssh_config
 from gtrain.providers.common import owner as _owner
-from gtrain.providers.common import write_ssh_config
 from gtrain.state import Cluster, StateStore
 
 if TYPE_CHECKING:
@@ -154,7 +154,7 @@ def resource_name(cluster_id: str) -> str:
 # ---------------------------------------------------------------------------------------------- the shared base
 
 
-class AWSBase(Provider):
+class AWSBase(Ledger, Provider):
     """The state every part of :class:`~gtrain.providers.aws.AWSProvider` shares: the session and clients, the
     store lock (one sqlite connection: one writer at a time) and the ledger helpers."""
 
@@ -204,16 +204,6 @@ class AWSBase(Provider):
     def _profile(self, cluster: Cluster) -> str | None:
         section = cluster.spec.get("aws") or {}
         return section.get("profile") if isinstance(section, dict) else None
-
-    # ---- the ledger (one writer at a time) ----
-
-    def _record(self, cluster: Cluster, kind: str, ref: str, region: str, meta: dict[str, Any] | None = None) -> int:
-        with self._store_lock:
-            return self.store.record_resource(cluster.id, kind, ref, region=region, meta=meta)
-
-    def _mark(self, rid: int, status: str, **kw: Any) -> None:
-        with self._store_lock:
-            self.store.mark_resource(rid, status, **kw)
 
     # ---- by tag ----
 

@@ -1,6 +1,7 @@
 """Compute Engine plumbing for the gcp provider: the google-cloud-compute clients (REST transport), the one
 place their exceptions and failed operations become :mod:`gtrain.errors`, waiting on operations, labels, and
-the instance and firewall bodies. google.cloud is imported inside functions only.
+the instance and firewall bodies, and :class:`GCPBase`, the state every part of the provider shares.
+google.cloud is imported inside functions only.
 
 Endpoint and credentials follow gcloud: ``CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE`` (e.g.
 ``http://127.0.0.1:8089/compute/v1/``) points every client at another endpoint; there, without application
@@ -12,14 +13,22 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import threading
 import time
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gtrain.errors import CapacityError, ConfigError, CredentialsError, GtrainError, ProviderError, QuotaError
+from gtrain.events import SILENT, Reporter
+from gtrain.providers.base import Provider
+from gtrain.providers.common import Ledger
+
+if TYPE_CHECKING:
+    from gtrain.providers.gcp.options import GCPOptions
+    from gtrain.state import StateStore
 
 ENDPOINT_ENV = "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE"
 
@@ -357,3 +366,46 @@ def check_labels(labels: dict[str, str], field: str) -> None:
         if not LABEL_VALUE_RE.match(v):
             raise ConfigError(f"{field}: label value {v!r} of {k!r} is not a GCE label value (a-z 0-9 _ -, at "
                               "most 63)", field=field)
+
+
+# ---------------------------------------------------------------------------------------------- the shared base
+
+
+class GCPBase(Ledger, Provider):
+    """The state every part of :class:`~gtrain.providers.gcp.GCPProvider` shares: the clients (made once, under a
+    lock), the project, the store lock (one sqlite connection: one writer at a time), the ledger helpers
+    (:class:`~gtrain.providers.common.Ledger`) and reading one instance."""
+
+    def __init__(self, store: StateStore, report: Reporter = SILENT, *, clients: GCEClients | None = None,
+                 credentials: Any = None, max_workers: int = 32) -> None:
+        super().__init__(store, report)
+        self._clients = clients
+        self._credentials = credentials
+        self._lock = threading.Lock()
+        self._store_lock = threading.RLock()  # one sqlite connection: one writer at a time
+        self._max_workers = max_workers
+
+    @property
+    def clients(self) -> GCEClients:
+        with self._lock:
+            if self._clients is None:
+                self._clients = make_clients(self._credentials)
+            return self._clients
+
+    def project(self, opts: GCPOptions) -> str:
+        p = opts.project or default_project()
+        if not p:
+            raise ConfigError("gcp.project: no project given and none found in the environment",
+                              hint="set gcp.project, or GOOGLE_CLOUD_PROJECT, or `gcloud config set project ID`",
+                              field="gcp.project")
+        return p
+
+    def _instance(self, project: str, zone: str, name: str) -> Any | None:
+        """The instance, or None where it does not exist."""
+        try:
+            with gce(f"instances.get {name}"):
+                return self.clients.instances.get(project=project, zone=zone, instance=name)
+        except ProviderError as e:
+            if not is_not_found(e):
+                raise
+            return None

@@ -3,30 +3,19 @@ rules by name. Mixed into :class:`gtrain.providers.gcp.provider.GCPProvider`; us
 
 from __future__ import annotations
 
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from gtrain.errors import ProviderError
 from gtrain.providers.gcp import api
-from gtrain.providers.gcp.api import LABEL_CLUSTER, GCEClients, gce
+from gtrain.providers.gcp.api import LABEL_CLUSTER, GCPBase, gce
 
 if TYPE_CHECKING:
-    from gtrain.events import Reporter
-    from gtrain.state import Cluster, StateStore
+    from gtrain.state import Cluster
 
 
-class GCPTeardown:
-    """Needs ``clients``, ``store``, ``report``, ``_store_lock`` and ``_max_workers`` from the provider."""
-
-    store: StateStore
-    report: Reporter
-    _store_lock: threading.RLock
-    _max_workers: int
-
-    @property
-    def clients(self) -> GCEClients:
-        raise NotImplementedError
+class GCPTeardown(GCPBase):
+    """Finding and deleting a cluster's instances and firewall rules."""
 
     def find_instances(self, project: str, cluster_id: str | None) -> list[Any]:
         """Every instance labelled with the cluster (any gtrain cluster when ``cluster_id`` is None), all zones."""

@@ -1,0 +1,197 @@
+"""Launching a gcp cluster's nodes in one zone and waiting for them: one ``instances.insert`` per missing node, in
+parallel, each with a ``requestId`` kept in the resource ledger before the call and a deterministic name
+(``<cluster id>-<rank>``), so a retried or resumed ``up`` gets the same instance back; the insert's zone
+operation is waited on (zoneOperations.wait), then every node until it is RUNNING (a Spot VM deleted while it
+starts is a capacity error). Then recording the nodes and waiting for SSH with the host keys the guest agent
+publishes in guest attributes. Mixed into :class:`gtrain.providers.gcp.provider.GCPProvider`."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from gtrain.errors import CapacityError, GtrainError, ProviderError, QuotaError
+from gtrain.providers.common import key_path, wait_ssh, write_ssh_config
+from gtrain.providers.gcp import api
+from gtrain.providers.gcp.api import LABEL_RANK, GCPBase, gce
+from gtrain.providers.gcp.options import GCPOptions, gcp_options
+
+if TYPE_CHECKING:
+    from gtrain.catalog import Offer
+    from gtrain.providers.base import Plan
+    from gtrain.spec import ClusterSpec
+    from gtrain.state import Cluster
+
+
+class GCPInstances(GCPBase):
+    """The nodes of a cluster in one zone: create (idempotently), wait for running, record, wait for SSH."""
+
+    def _tokens(self, cluster: Cluster, ranks: list[int], zone: str) -> dict[int, tuple[str, int]]:
+        """The requestId (and ledger row) of each node's insert in this zone, recorded before the call; a row still
+        'creating' (a crash between request and answer) is reused so GCE answers with the same operation."""
+        out: dict[int, tuple[str, int]] = {}
+        with self._store_lock:
+            for res in self.store.resources(cluster.id, live_only=True):
+                m = res.meta
+                if res.kind == "instance" and res.status == "creating" and m.get("rank") in ranks \
+                        and m.get("zone") == zone:
+                    out[int(m["rank"])] = (str(m["request_id"]), res.id)
+            for rank in ranks:
+                if rank not in out:
+                    rq = str(uuid.uuid4())
+                    out[rank] = (rq, self.store.record_resource(
+                        cluster.id, "instance", f"{zone}/{api.instance_name(cluster.id, rank)}",
+                        region=api.region_of_zone(zone), meta={"rank": rank, "zone": zone, "request_id": rq}))
+        return out
+
+    def _launch_zone(self, spec: ClusterSpec, cluster: Cluster, project: str, zone: str, body: api.NodeBody,
+                     existing: dict[int, Any], made: list[str]) -> dict[int, Any]:
+        missing = [r for r in range(spec.num_nodes) if r not in existing]
+        if missing:
+            self.report.info(f"{zone}: creating {len(missing)} {body.machine_type} node(s)"
+                             + (f" ({len(existing)} already there)" if existing else ""))
+        tokens = self._tokens(cluster, missing, zone)
+        made_lock = threading.Lock()
+
+        from google.cloud import compute_v1
+
+        def one(rank: int) -> str:
+            rq, rid = tokens[rank]
+            name = api.instance_name(cluster.id, rank)
+            labels = {**body.labels, LABEL_RANK: str(rank)}
+            what = f"instances.insert {name} ({body.machine_type}, {zone})"
+            try:
+                try:
+                    with gce(what):
+                        op = self.clients.instances.insert(request=compute_v1.InsertInstanceRequest(
+                            project=project, zone=zone, request_id=rq,
+                            instance_resource=api.instance_body(body, name, zone, labels)))
+                    with made_lock:
+                        made.append(name)
+                    api.wait_zone_op(self.clients, project, zone, op.name, what)
+                except ProviderError as e:
+                    if api.code(e) != "alreadyExists":
+                        raise
+                    with made_lock:
+                        if name not in made:
+                            made.append(name)
+            except GtrainError:
+                self._mark(rid, "not-created")
+                raise
+            self._mark(rid, "created")
+            self.report.node(rank, f"{name} created in {zone}")
+            return name
+
+        if missing:
+            errors: list[BaseException] = []
+            with ThreadPoolExecutor(min(self._max_workers, len(missing))) as pool:
+                futs = [pool.submit(one, rank) for rank in missing]
+                for f in futs:
+                    try:
+                        f.result()
+                    except BaseException as e:  # noqa: BLE001 - the first error is raised below
+                        errors.append(e)
+            if errors:
+                caps = [e for e in errors if isinstance(e, CapacityError | QuotaError)]
+                raise (caps[0] if caps else errors[0])
+        names = {rank: api.instance_name(cluster.id, rank) for rank in range(spec.num_nodes)}
+        return self._wait_running(project, zone, names, spec)
+
+    def _wait_running(self, project: str, zone: str, names: dict[int, str], spec: ClusterSpec,
+                      timeout: float = 900.0) -> dict[int, Any]:
+        opts = gcp_options(spec.gcp)
+        deadline = time.monotonic() + timeout
+        delay = min(0.25, opts.poll_s)
+        seen: dict[str, str] = {}
+        while True:
+            got: dict[int, Any] = {}
+            for rank, name in names.items():
+                inst = self._instance(project, zone, name)
+                if inst is None:
+                    if spec.resources.use_spot and name in seen:  # GCE took a Spot VM back while it started
+                        raise CapacityError(f"{name} was deleted while starting (Spot capacity)")
+                    continue
+                if seen.get(name) != inst.status:
+                    seen[name] = inst.status
+                    self.report.node(rank, f"{name} {inst.status}")
+                if inst.status in ("STOPPING", "TERMINATED", "SUSPENDED"):
+                    err: GtrainError = (CapacityError if spec.resources.use_spot else ProviderError)(
+                        f"{name} went {inst.status} while starting")
+                    raise err
+                got[rank] = inst
+            if len(got) == len(names) and all(i.status == "RUNNING" for i in got.values()):
+                return got
+            if time.monotonic() > deadline:
+                raise ProviderError(f"{zone}: nodes not running after {timeout:.0f}s: "
+                                    + ", ".join(f"{n} {s}" for n, s in seen.items()))
+            time.sleep(delay)
+            delay = min(delay * 2, opts.poll_s)
+
+    def _record_nodes(self, spec: ClusterSpec, cluster: Cluster, plan: Plan, opts: GCPOptions, project: str,
+                      zone: str, nodes: dict[int, Any], offer: Offer) -> None:
+        spot = spec.resources.use_spot
+        price = offer.price(spot)
+        region = api.region_of_zone(zone)
+        for rank, inst in sorted(nodes.items()):
+            nic = inst.network_interfaces[0] if inst.network_interfaces else None
+            private_ip = nic.network_i_p if nic else None
+            public_ip = nic.access_configs[0].nat_i_p if nic and nic.access_configs else None
+            meta: dict[str, Any] = {
+                "launched_at": time.time(), "project": project, "region": region, "zone": zone,
+                "market": "spot" if spot else "on-demand", "instance_type": offer.instance_type,
+                "accelerator_type": offer.accelerator_type, "price_ondemand": offer.price_ondemand,
+                "price_spot_catalog": offer.price_spot, "disk_gb": spec.resources.disk_gb, "disk_type": opts.disk_type,
+                "private_ip": private_ip, "public_ip": public_ip, "spot": spot, "ssh_user": opts.ssh_user,
+                "key_file": str(key_path(cluster.id)), "proxy_command": opts.ssh_proxy_command,
+            }
+            meta["ssh"] = dataclasses.asdict(_target(meta, inst.name))
+            with self._store_lock:
+                self.store.upsert_node(cluster.id, rank, status="up", address=private_ip, instance_id=inst.name,
+                                       zone=zone, meta=meta)
+        plan.region, plan.zone, plan.price_per_hour = region, zone, price
+        with self._store_lock:
+            self.store.update_cluster(cluster.id, region=region, price_per_hour=price)
+        write_ssh_config(self.store, self.report, self._store_lock)
+
+    # ---- ssh ----
+
+    def _wait_ssh(self, cluster: Cluster, opts: GCPOptions, project: str) -> None:
+        wait_ssh(cluster, self.store, self.report, self._store_lock,
+                 host_keys=lambda node: self._guest_host_keys(project, node.zone or node.meta.get("zone") or "",
+                                                              node.instance_id or ""),
+                 host_key_wait_s=opts.host_key_wait_s, ssh_timeout_s=opts.ssh_timeout_s, poll_s=opts.poll_s,
+                 max_workers=self._max_workers, key_source="the instance's guest attributes",
+                 hint="check gcp.ssh_cidr / gcp.ssh_proxy_command; `gtrain down` removes them")
+
+    def _guest_host_keys(self, project: str, zone: str, name: str) -> list[str]:
+        """``keytype base64`` lines the guest environment publishes under guest attributes ``hostkeys/``
+        (enabled by the ``enable-guest-attributes`` metadata gtrain sets); [] until it has."""
+        try:
+            with gce(f"instances.getGuestAttributes {name}"):
+                # query_path is not a flattened argument of the client: it goes in the request
+                ga = self.clients.instances.get_guest_attributes(request={
+                    "project": project, "zone": zone, "instance": name, "query_path": "hostkeys/"})
+        except ProviderError as e:
+            if api.is_not_found(e):  # not published yet (the guest agent is still starting)
+                return []
+            raise
+        items = ga.query_value.items if ga.query_value else []
+        return [f"{i.key} {i.value}" for i in items
+                if i.namespace == "hostkeys" and (i.key.startswith("ssh-") or i.key.startswith("ecdsa-")) and i.value]
+
+
+def _target(meta: dict[str, Any], name: str) -> Any:
+    from gtrain.remote.ssh import SSHTarget
+
+    proxy = meta.get("proxy_command")
+    if proxy:  # {zone} and {project} are filled in here (IAP tunnels need the zone); %h is OpenSSH's
+        proxy = proxy.replace("{zone}", str(meta.get("zone") or "")).replace("{project}",
+                                                                              str(meta.get("project") or ""))
+    host = name if proxy else (meta.get("public_ip") or meta.get("private_ip") or "")
+    return SSHTarget(host=host, port=22, user=meta.get("ssh_user") or "gtrain",
+                     identity_file=meta.get("key_file"), proxy_command=proxy)
+
