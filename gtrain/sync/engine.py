@@ -1,14 +1,27 @@
 """The transfer engine: plans what moves (from one listing, the local scan and the manifest), runs the
-transfers on a thread pool, commits the manifest as files complete, deletes last, and reports progress."""
+transfers on a thread pool, commits the manifest as files complete, deletes last, and reports progress.
+
+A sync of many small files is bound by the Python work per file (and, with many threads, by the GIL handing
+over at every syscall), so the per-file path is kept short: ``workers`` threads pull paths from one queue and
+record their own results (no Future per file, no waiter over every pending file), the main thread only
+commits the manifest every half second; a small file to upload is read once, through one descriptor, and
+hashed from memory, and where the backend offers ``upload_data(data, url, key, *, digests, expect,
+progress)`` (GCS) those same bytes are what is sent; a backend with ``upload_md5 = False`` (GCS) is handed
+no md5 for a larger file (md5 is the slowest of the hashes; it checks the upload its own way); a download is
+stat'ed once, in its temp file, before the rename.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import stat
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal
 
@@ -19,6 +32,9 @@ from gtrain.sync.model import META_SHA256, Action, Backend, Digests, ProgressEve
 
 _MANIFEST_FLUSH_S = 0.5
 _PROGRESS_INTERVAL_S = 0.1
+_INLINE_MAX = 1024 * 1024
+"""uploads of at most this many bytes are read into memory once (hash and body from the same bytes)"""
+_O_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)  # a FIFO must not block us
 
 
 class Progress:
@@ -84,6 +100,8 @@ class Engine:
         self.local_files: dict[str, LocalFile] = {}
         self.real_root = os.path.realpath(local)
         self.safe_dirs: set[Path] = set()
+        self.upload_data: Callable[..., RemoteObject] | None = getattr(backend, "upload_data", None)
+        self.upload_md5: bool = getattr(backend, "upload_md5", True)
 
     # -- planning
 
@@ -110,6 +128,8 @@ class Engine:
             work.append(rel)
         self.progress.plan(len(work), sum(self._size(rel) for rel in work))
         self.progress.emit(phase="transfer", force=True)
+        if not upload:
+            work = _across_folders(work)
 
         failures = self._run_pool(work)
 
@@ -144,32 +164,55 @@ class Engine:
         if not work:
             return failures
         task = self._upload_one if self.direction == "upload" else self._download_one
-        last_flush = time.monotonic()
-        pool = ThreadPoolExecutor(max_workers=min(self.workers, len(work)), thread_name_prefix="gtrain-sync")
+        todo = deque(work)  # popleft() is atomic: the workers' only shared queue
+        fatal: list[BaseException] = []
+        finished = threading.Event()
+        live = [min(self.workers, len(work))]
+        lock, manifest = self.lock, self.manifest
+
+        def worker() -> None:
+            try:
+                while True:
+                    try:
+                        rel = todo.popleft()
+                    except IndexError:
+                        return
+                    try:
+                        entry = task(rel)
+                    except SyncError as e:  # this file failed; the others go on
+                        with lock:
+                            failures.append((rel, e))
+                        continue
+                    except BaseException as e:  # noqa: BLE001 - re-raised by the main thread: stop everything
+                        with lock:
+                            fatal.append(e)
+                        todo.clear()
+                        return
+                    if entry is not None:
+                        with lock:
+                            manifest.put(rel, entry)
+            finally:
+                with lock:
+                    live[0] -= 1
+                    if live[0] == 0:
+                        finished.set()
+
+        threads = [threading.Thread(target=worker, name=f"gtrain-sync-{i}", daemon=True) for i in range(live[0])]
         try:
-            futures: dict[Future[Entry | None], str] = {pool.submit(task, rel): rel for rel in work}
-            pending: set[Future[Entry | None]] = set(futures)
-            while pending:
-                done, pending = wait(pending, timeout=_MANIFEST_FLUSH_S, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    rel = futures[fut]
-                    exc = fut.exception()
-                    if exc is None:
-                        entry = fut.result()
-                        if entry is not None:
-                            self.manifest.put(rel, entry)
-                    elif isinstance(exc, SyncError):
-                        failures.append((rel, exc))
-                    else:  # a missing bucket, bad credentials, a bug: stop everything
-                        for f in pending:
-                            f.cancel()
-                        raise exc
-                if time.monotonic() - last_flush >= _MANIFEST_FLUSH_S:
-                    self.manifest.flush()
-                    last_flush = time.monotonic()
+            for t in threads:
+                t.start()
+            while not finished.wait(_MANIFEST_FLUSH_S):  # commit what completed, twice a second
+                with lock:
+                    manifest.flush()
         finally:
-            pool.shutdown(wait=True, cancel_futures=True)
-            self.manifest.flush()
+            todo.clear()  # on an interrupt: the files in flight finish, no new one starts
+            for t in threads:
+                if t.ident is not None:  # started
+                    t.join()
+            with lock:
+                manifest.flush()
+        if fatal:
+            raise fatal[0]
         failures.sort(key=lambda f: f[0])
         return failures
 
@@ -204,6 +247,10 @@ class Engine:
         path = self.local / rel
         key = self.url.key(rel)
         obj = self.remote.get(rel)
+        if self.upload_data is not None and not self.dry_run and self.local_files[rel].size <= _INLINE_MAX:
+            done = self._upload_small(rel, path, key, obj, self.upload_data)
+            if done is not False:
+                return done
         try:
             st0 = os.stat(path)
             if obj is not None and obj.size == st0.st_size:
@@ -218,8 +265,8 @@ class Engine:
                 self._action("upload", rel, st0.st_size, reason)
                 self.progress.file_done(rel)
                 return None
-            if digests is None:
-                digests = hash_file(path)
+            if digests is None:  # a backend may do without the md5 (GCS: crc32c), a large file's costliest hash
+                digests = hash_file(path, md5=self.upload_md5)
             st1 = os.stat(path)
             if (st1.st_size, st1.st_mtime_ns) != (st0.st_size, st0.st_mtime_ns):
                 raise SyncError(f"{path} changed while it was being read", hint="re-run once it is no longer written")
@@ -237,6 +284,54 @@ class Engine:
             raise SyncError(f"{self.url.scheme}://{self.url.bucket}/{key} has {new.size} bytes after upload, "
                             f"expected {st0.st_size}")
         self._action("upload", rel, st0.st_size, reason)
+        self.progress.file_done(rel)
+        return self._entry(st0, digests, new)
+
+    def _upload_small(self, rel: str, path: Path, key: str, obj: RemoteObject | None,
+                      upload_data: Callable[..., RemoteObject]) -> Entry | None | Literal[False]:
+        """A small file read once (open, fstat, read, fstat, close), hashed from memory and, where it must go
+        up, sent from the same bytes. False: it is no longer small, the general path takes it."""
+        try:
+            fd = os.open(path, _O_READ)
+            try:
+                st0 = os.fstat(fd)
+                size = st0.st_size
+                if not stat.S_ISREG(st0.st_mode):
+                    raise SyncError(f"{path} is no longer a regular file", hint="re-run to sync what is there now")
+                if size > _INLINE_MAX:
+                    return False
+                data = os.read(fd, size + 1) if size else b""  # size + 1: a file that grew reads long
+                while 0 < len(data) < size:  # a short read: go on to EOF (the fstat below sees growth)
+                    more = os.read(fd, size + 1 - len(data))
+                    if not more:
+                        break
+                    data += more
+                st1 = os.fstat(fd)
+            finally:
+                os.close(fd)
+        except FileNotFoundError as e:
+            raise SyncError(f"{path} disappeared during the sync", hint="re-run to sync what is there now") from e
+        except OSError as e:
+            raise SyncError(f"cannot read {path}: {e.strerror or e}") from e
+        if len(data) != size or (st1.st_size, st1.st_mtime_ns) != (size, st0.st_mtime_ns):
+            raise SyncError(f"{path} changed while it was being read", hint="re-run once it is no longer written")
+        digests = Digests(hashlib.sha256(data).hexdigest(), hashlib.md5(data, usedforsecurity=False).hexdigest())
+        if obj is not None and obj.size == size:
+            with self.lock:
+                self.result.hashed += 1
+            if self._same(digests, obj):
+                self._skip(rel, size)
+                return self._entry(st0, digests, obj)
+            reason = "changed"
+        else:
+            reason = "new" if obj is None else "changed"
+        # the bytes sent are the bytes hashed: a later change of the file only makes the next sync look again
+        new = upload_data(data, self.url, key, digests=digests, expect=obj,
+                          progress=lambda n: self.progress.add_bytes(n, rel))
+        if new.size != size:
+            raise SyncError(f"{self.url.scheme}://{self.url.bucket}/{key} has {new.size} bytes after upload, "
+                            f"expected {size}")
+        self._action("upload", rel, size, reason)
         self.progress.file_done(rel)
         return self._entry(st0, digests, new)
 
@@ -265,10 +360,12 @@ class Engine:
                     raise SyncError(f"refusing to write {final}: a symlinked directory leads outside {self.local}")
                 self.safe_dirs.add(parent)
             tmp = tmp_path(final)
+            renamed = False
             try:
                 got, digests = self.backend.download(self.url, obj, tmp,
                                                      progress=lambda n: self.progress.add_bytes(n, rel))
-                size = os.stat(tmp).st_size
+                st = os.stat(tmp)  # a rename keeps size and mtime: this is the final file's stat
+                size = st.st_size
                 if size != obj.size:
                     raise SyncError(f"{where}: downloaded {size} bytes, expected {obj.size}: it changed during the "
                                     "sync or the transfer broke", hint="re-run to sync what is there now")
@@ -282,9 +379,10 @@ class Engine:
                     raise SyncError(f"{where}: downloaded content does not match its md5",
                                     hint="the object is corrupt or the transfer broke; nothing was kept")
                 os.replace(tmp, final)
+                renamed = True
             finally:
-                unlink_tmp(tmp)
-            st = os.stat(final)
+                if not renamed:
+                    unlink_tmp(tmp)
         except OSError as e:
             raise SyncError(f"cannot write {final}: {e.strerror or e}") from e
         self._action("download", rel, obj.size, reason)
@@ -340,3 +438,20 @@ class Engine:
         for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):  # prune emptied folders, deepest first
             with contextlib.suppress(OSError):
                 d.rmdir()
+
+
+def _across_folders(rels: list[str]) -> list[str]:
+    """``rels`` reordered to take one file from each folder in turn: workers that create files in the same
+    folder at the same time queue on its lock in the kernel (spinning on it: CPU the transfers need)."""
+    groups: dict[str, deque[str]] = {}
+    for rel in rels:
+        groups.setdefault(rel.rpartition("/")[0], deque()).append(rel)
+    if len(groups) < 2:
+        return rels
+    out: list[str] = []
+    queues = list(groups.values())
+    while queues:
+        for q in queues:
+            out.append(q.popleft())
+        queues = [q for q in queues if q]
+    return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,13 +40,19 @@ def safe_rel_from_key(url: RemoteURL, key: str) -> str:
     return rel
 
 
-def hash_file(path: Path) -> Digests:
-    sha, md5 = hashlib.sha256(), hashlib.md5(usedforsecurity=False)
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
+def hash_file(path: Path, *, md5: bool = True) -> Digests:
+    """sha256 and (unless ``md5=False``: then "") md5 of a file (one descriptor, unbuffered reads: few
+    syscalls for a small file)."""
+    sha, m = hashlib.sha256(), hashlib.md5(usedforsecurity=False) if md5 else None
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        while chunk := os.read(fd, _HASH_CHUNK):
             sha.update(chunk)
-            md5.update(chunk)
-    return Digests(sha.hexdigest(), md5.hexdigest())
+            if m is not None:
+                m.update(chunk)
+    finally:
+        os.close(fd)
+    return Digests(sha.hexdigest(), m.hexdigest() if m is not None else "")
 
 
 def is_tmp(name: str) -> bool:
@@ -98,7 +105,7 @@ def clean_tmp(root: Path) -> int:
 
 def tmp_path(final: Path) -> Path:
     """A fresh temp path next to ``final`` that :func:`is_tmp` recognises."""
-    return final.parent / f".{final.name}.{os.urandom(4).hex()}{TMP_TAG}"
+    return final.parent / f".{final.name}.{random.getrandbits(32):08x}{TMP_TAG}"  # no syscall, unlike urandom
 
 
 def unlink_tmp(tmp: Path) -> None:

@@ -158,21 +158,30 @@ class S3Backend:
         with self._errors(url, key):
             if size < self.threshold:
                 body = s3wire.file_part(path, 0, size)
-                sha = hashlib.sha256(body).hexdigest()
-                if sha != digests.sha256:
+                if hashlib.sha256(body).hexdigest() != digests.sha256:
                     raise SyncError(f"{path} changed while it was being read",
                                     hint="re-run once it is no longer written")
-                r = self.wire.request("PUT", url.bucket, key, body=body, body_sha256=sha, headers={
-                    "content-md5": s3wire.md5_b64(body), _META_HEADER: digests.sha256,
-                    "content-type": "application/octet-stream"})
-                etag = r.headers.get("etag", "").strip('"')
-                md5 = _md5_of(etag, r.headers)
-                if md5 is not None and md5 != digests.md5:
-                    raise SyncError(f"s3://{url.bucket}/{key}: S3 stored md5 {etag}, we sent {digests.md5}",
-                                    hint="the upload was corrupted; re-run")
-                progress(size)
-                return RemoteObject(key, size, etag, md5=md5, sha256=digests.sha256)
+                return self._put(body, url, key, digests, progress)
             return self._upload_multipart(path, url, key, size, digests, progress)
+
+    def upload_data(self, data: bytes, url: RemoteURL, key: str, *, digests: Digests,
+                    expect: RemoteObject | None, progress: Callable[[int], None]) -> RemoteObject:
+        """A small file's bytes, read once by the engine (hashed from the same bytes)."""
+        with self._errors(url, key):
+            return self._put(data, url, key, digests, progress)
+
+    def _put(self, body: bytes, url: RemoteURL, key: str, digests: Digests,
+             progress: Callable[[int], None]) -> RemoteObject:
+        r = self.wire.request("PUT", url.bucket, key, body=body, body_sha256=digests.sha256, headers={
+            "content-md5": s3wire.md5_b64(body), _META_HEADER: digests.sha256,
+            "content-type": "application/octet-stream"})
+        etag = r.headers.get("etag", "").strip('"')
+        md5 = _md5_of(etag, r.headers)
+        if md5 is not None and md5 != digests.md5:
+            raise SyncError(f"s3://{url.bucket}/{key}: S3 stored md5 {etag}, we sent {digests.md5}",
+                            hint="the upload was corrupted; re-run")
+        progress(len(body))
+        return RemoteObject(key, len(body), etag, md5=md5, sha256=digests.sha256)
 
     def _part_size(self, size: int) -> int:
         ps = self.part_size

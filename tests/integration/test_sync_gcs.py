@@ -7,13 +7,16 @@ generation preconditions like GCS), files are real, an interrupted sync is a rea
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -340,3 +343,72 @@ def test_bad_gcs_urls_are_config_errors(tmp_path: Path, url: str) -> None:
     with pytest.raises(ConfigError) as e:
         sync(str(tmp_path), url)
     assert e.value.field == "DST"
+
+
+class _ChunkingProxy(BaseHTTPRequestHandler):
+    """Relays to the emulator and answers with ``Transfer-Encoding: chunked``; every third response closes
+    its connection without announcing it (what a server does to a kept-alive connection it timed out)."""
+
+    protocol_version = "HTTP/1.1"
+    upstream = ""
+    served = 0
+
+    def relay(self) -> None:
+        n = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(n) if n else None
+        skip = {"host", "content-length", "connection", "transfer-encoding"}
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in skip}
+        up = http.client.HTTPConnection(self.upstream, timeout=60)
+        try:
+            up.request(self.command, self.path, body=body, headers=headers)
+            r = up.getresponse()
+            data = r.read()
+        finally:
+            up.close()
+        self.send_response(r.status)
+        for k, v in r.getheaders():
+            if k.lower() not in skip | {"date", "server"}:
+                self.send_header(k, v)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for i in range(0, len(data), 1000):
+            self.wfile.write(b"%x;ext=1\r\n%s\r\n" % (min(1000, len(data) - i), data[i:i + 1000]))
+        self.wfile.write(b"0\r\nx-trailer: 1\r\n\r\n")
+        self.wfile.flush()
+        type(self).served += 1
+        if type(self).served % 3 == 0:
+            self.close_connection = True
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = relay
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_chunked_responses_and_dropped_keepalive_connections(tmp_path: Path, gcs_emulator: str, bucket: str) -> None:
+    """The backend's own HTTP/1.1 framing: chunked bodies (with extensions and trailers) and kept-alive
+    connections the server closed unannounced, through a relay in front of the emulator."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    handler = type("Proxy", (_ChunkingProxy,), {"upstream": gcs_emulator.removeprefix("http://")})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        def client() -> Any:
+            return storage.Client(project="gtrain-test", credentials=AnonymousCredentials(),
+                                  client_options={"api_endpoint": endpoint})
+
+        src, dst = tmp_path / "src", tmp_path / "dst"
+        files = make_tree(src, n=40, size=3000)
+        files["big.bin"] = os.urandom(2 * MiB + 7)
+        (src / "big.bin").write_bytes(files["big.bin"])
+        url = f"gs://{bucket}/relay"
+        assert sync(str(src), url, workers=4, client_factory=client, **SMALL_CHUNKS).uploaded == len(files)
+        assert sync(url, str(dst), workers=4, client_factory=client, **SMALL_CHUNKS).downloaded == len(files)
+        assert read_tree(dst) == files
+        assert handler.served > len(files)
+    finally:
+        server.shutdown()
+        server.server_close()
