@@ -111,3 +111,22 @@ def test_data_entry_validation(bad: dict) -> None:  # type: ignore[type-arg]
 
     with pytest.raises(ConfigError, match=r"job\.data\[0\]\.(src|dst)"):
         parse_spec({"name": "x", "job": {"run": "t.py", "data": [bad]}})
+
+
+def test_the_sync_bundle_is_self_contained(tmp_path: Path) -> None:
+    """A node imports the sync engine and both backends from the bundle alone: every gtrain module they import
+    must be in it (``python -S``: no site-packages, so not this checkout's editable install either)."""
+    import subprocess
+    import sys
+
+    from gtrain.jobs.data import bundle
+
+    pyz = tmp_path / "gtrain-sync.pyz"
+    pyz.write_bytes(bundle())
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); "
+            "import gtrain.sync.objstore, gtrain.sync.s3, gtrain.sync.s3wire, gtrain.sync.gcs, gtrain.sync.gcswire; "
+            "print(gtrain.sync.objstore.__file__)")
+    p = subprocess.run([sys.executable, "-S", "-c", code, str(pyz)], capture_output=True, text=True, cwd=tmp_path,
+                       env={"PATH": os.environ.get("PATH", "")}, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().startswith(str(pyz)), p.stdout
