@@ -155,6 +155,28 @@ def resolve_ssh_cidr(ssh_cidr: str, proxy_command: str | None, section: str, pro
     return detect_public_cidr(section, proxy_hint=proxy_hint)
 
 
+def lifetime_s(policies: Any, num_nodes: int, price_per_hour: float | None) -> int | None:
+    """How long a cloud node may live, in whole seconds (at least 60), from ``policies.max_hours`` and
+    ``policies.max_cost_usd`` (the cluster's budget spread over its nodes at their $/h: a cost cap becomes a
+    time cap), or None when neither is set. The nodes enforce it themselves, so it holds with no laptop and no
+    gtrain process left (see the aws and gcp providers)."""
+    caps: list[float] = []
+    if policies.max_hours:
+        caps.append(float(policies.max_hours) * 3600)
+    if policies.max_cost_usd and price_per_hour and price_per_hour > 0:
+        caps.append(float(policies.max_cost_usd) / (price_per_hour * max(1, num_nodes)) * 3600)
+    if not caps:
+        return None
+    return max(60, int(min(caps)))
+
+
+def lifetime_note(seconds: int | None, how: str) -> list[str]:
+    if seconds is None:
+        return []
+    return [f"each node deletes itself {seconds / 3600:.2f} h after it starts ({how}; policies.max_hours / "
+            "max_cost_usd), whatever happens to this machine"]
+
+
 def ssh_notes(ssh_cidr: str, proxy_command: str | None, section: str) -> list[str]:
     """The plan's lines about who can reach port 22."""
     if ssh_cidr == "auto" and not proxy_command:

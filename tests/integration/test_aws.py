@@ -534,3 +534,34 @@ def test_custom_vpc_subnets() -> None:
         with pytest.raises(ConfigError) as ei:
             core.up(spec("aws-vpc-bad", 1, resources=resources, **bad), ctx)
         assert ei.value.field == fld and match in f"{ei.value.message} {ei.value.hint}", ei.value.message
+
+
+def test_time_and_cost_limits_make_the_nodes_end_themselves() -> None:
+    import base64
+
+    session = boto3.Session()
+    sent: list[dict[str, Any]] = []
+    session.events.register("before-parameter-build.ec2.RunInstances",
+                            lambda params, **_: sent.append(dict(params)))
+    ctx = context(session)
+    s = spec("aws-limits", 2)  # policies.max_hours 2 (spec()), no cost cap
+    plan = core.up(s, ctx, dry_run=True).plan
+    assert any("deletes itself 2.00 h" in n for n in plan.notes), plan.notes
+    try:
+        core.up(s, ctx)
+        data = str(sent[0]["UserData"])
+        if "shutdown" not in data:  # base64 already (botocore encodes it in the same event)
+            data = base64.b64decode(data).decode()
+        assert data.startswith("#!/bin/bash\n") and "shutdown -h +120 " in data, data
+        assert sent[0]["InstanceInitiatedShutdownBehavior"] == "terminate"  # so the shutdown ends the billing
+    finally:
+        core.down(s.name, ctx)
+    sent.clear()
+    s2 = parse_spec({"name": "aws-nolimit", "provider": "aws", "num_nodes": 1,
+                     "resources": {"accelerators": "A10G:1", "region": REGION},
+                     "aws": {"ssh_cidr": "198.51.100.7/32", "wait_ssh": False, "poll_s": 0.2}})
+    try:
+        core.up(s2, ctx)
+        assert "UserData" not in sent[0]
+    finally:
+        core.down(s2.name, ctx)

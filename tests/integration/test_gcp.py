@@ -134,7 +134,7 @@ def test_spot_and_preempted_in_status(fake_gce: FakeGCE) -> None:
     nodes = ctx.store.nodes(c.id)
     sched = next(b for b in fake_gce.inserts if b["name"] == nodes[0].instance_id)["scheduling"]
     assert sched == {"onHostMaintenance": "TERMINATE", "automaticRestart": False, "provisioningModel": "SPOT",
-                     "instanceTerminationAction": "DELETE"}
+                     "instanceTerminationAction": "DELETE", "maxRunDuration": {"seconds": "7200"}}  # max_hours 2
     fake_gce.preempt(nodes[1].instance_id or "")  # GCE takes node 1 back: deleted, with a preempted operation
     st = core.status(ctx, s.name)[0]
     assert [n["status"] for n in st["nodes"]] == ["running", "preempted"]
@@ -422,3 +422,37 @@ def test_no_credentials_is_a_credentials_error(monkeypatch: pytest.MonkeyPatch) 
     assert "credentials" in ei.value.message.lower()
     c = ctx.store.find_cluster("gcp-nocreds")
     assert c is not None and c.status == "terminated"
+
+
+def test_time_and_cost_limits_become_the_vms_own_run_duration(fake_gce: FakeGCE) -> None:
+    ctx = context()
+    before = len(fake_gce.inserts)
+    s = parse_spec({"name": "gcp-limits", "provider": "gcp", "num_nodes": 2,
+                    "resources": {"accelerators": "T4:1", "region": REGION, "zones": ["us-central1-a"]},
+                    "policies": {"max_hours": 3, "max_cost_usd": 1.0},
+                    "gcp": {"ssh_cidr": "198.51.100.7/32", "wait_ssh": False, "poll_s": 0.05}})
+    plan = core.up(s, ctx, dry_run=True).plan
+    assert any("deletes itself" in n and "maxRunDuration" in n for n in plan.notes), plan.notes
+    try:
+        core.up(s, ctx)
+        bodies = fake_gce.inserts[before:]
+        assert len(bodies) == 2
+        # $1 over 2 nodes at the T4 node's $/h is under 3 h: the cost cap is the tighter one
+        per_node = plan.price_per_hour or 0.0
+        want = int(1.0 / (per_node * 2) * 3600)
+        for b in bodies:
+            sched = b["scheduling"]
+            assert sched["maxRunDuration"]["seconds"] == str(want) and sched["instanceTerminationAction"] == "DELETE"
+            assert sched["provisioningModel"] == "STANDARD"
+    finally:
+        core.down(s.name, ctx)
+    # no limit: no run duration
+    before = len(fake_gce.inserts)
+    s2 = parse_spec({"name": "gcp-nolimit", "provider": "gcp", "num_nodes": 1,
+                     "resources": {"accelerators": "T4:1", "region": REGION, "zones": ["us-central1-a"]},
+                     "gcp": {"ssh_cidr": "198.51.100.7/32", "wait_ssh": False, "poll_s": 0.05}})
+    try:
+        core.up(s2, ctx)
+        assert "maxRunDuration" not in fake_gce.inserts[before]["scheduling"]
+    finally:
+        core.down(s2.name, ctx)

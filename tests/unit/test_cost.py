@@ -59,3 +59,19 @@ def test_billing_minimum_per_second_and_report_totals() -> None:
     s.update_cluster(c.id, price_per_hour=99.0)
     again = cluster_cost(s, s.get_cluster_by_id(c.id), p)
     assert again.total_usd == 0.12
+
+
+def test_lifetime_from_time_and_cost_caps() -> None:
+    from types import SimpleNamespace
+
+    from gtrain.providers.common import lifetime_s
+
+    def pol(h: float | None = None, usd: float | None = None) -> SimpleNamespace:
+        return SimpleNamespace(max_hours=h, max_cost_usd=usd)
+
+    assert lifetime_s(pol(), 4, 2.0) is None
+    assert lifetime_s(pol(h=1.5), 4, 2.0) == 5400
+    assert lifetime_s(pol(usd=10), 4, 2.0) == int(10 / 8 * 3600)  # $10 over 4 nodes at $2/h: 1.25 h
+    assert lifetime_s(pol(h=1, usd=10), 4, 2.0) == 3600  # the tighter cap
+    assert lifetime_s(pol(usd=0.001), 1, 100.0) == 60  # never less than a minute
+    assert lifetime_s(pol(usd=5), 2, None) is None  # no price known: a cost cap cannot become a time cap

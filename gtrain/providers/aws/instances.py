@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from gtrain.errors import CapacityError, GtrainError, ProviderError
 from gtrain.providers.aws import api
 from gtrain.providers.aws.api import TAG_RANK, AWSBase
-from gtrain.providers.common import key_path, wait_ssh
+from gtrain.providers.common import key_path, lifetime_s, wait_ssh
 
 if TYPE_CHECKING:
     from gtrain.providers.aws.network import Region
@@ -27,6 +27,15 @@ if TYPE_CHECKING:
     from gtrain.providers.base import Plan
     from gtrain.spec import ClusterSpec
     from gtrain.state import Cluster
+
+def shutdown_user_data(seconds: int) -> str:
+    """cloud-init user data that powers the node off ``seconds`` after boot (rounded up to whole minutes, as
+    ``shutdown`` takes them); with InstanceInitiatedShutdownBehavior=terminate AWS then terminates it."""
+    minutes = max(1, -(-seconds // 60))
+    return ("#!/bin/bash\n"
+            f"# gtrain: policies.max_hours / max_cost_usd: this node terminates itself after {minutes} min\n"
+            f"shutdown -h +{minutes} 'gtrain: the cluster reached its time or cost limit'\n")
+
 
 HOST_KEYS_RE = re.compile(r"-----BEGIN SSH HOST KEY KEYS-----(.*?)-----END SSH HOST KEY KEYS-----", re.S)
 
@@ -92,6 +101,9 @@ class AWSInstances(AWSBase):
                 MetadataOptions={"HttpTokens": "required", "HttpEndpoint": "enabled"},
                 InstanceInitiatedShutdownBehavior="terminate",
             )
+            life = lifetime_s(spec.policies, spec.num_nodes, cluster.price_per_hour or None)
+            if life is not None:  # the node ends itself: shutdown from inside = terminate (set above)
+                params["UserData"] = shutdown_user_data(life)
             if spec.resources.use_spot:
                 params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
                     "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}

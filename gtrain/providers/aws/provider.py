@@ -28,6 +28,8 @@ from gtrain.providers.common import (
     Attempts,
     cloud_interval_cost,
     drop_key,
+    lifetime_note,
+    lifetime_s,
     resolve_ssh_cidr,
     ssh_notes,
 )
@@ -112,6 +114,8 @@ class AWSProvider(AWSInstances, AWSNetwork, AWSTeardown):
         if len(regions) > 1:
             notes.append(f"on no capacity: next zone, then {', '.join(regions[1:])}")
         notes += ssh_notes(opts.ssh_cidr, opts.ssh_proxy_command, "aws")
+        notes += lifetime_note(lifetime_s(spec.policies, spec.num_nodes, price_offer.price(res.use_spot)),
+                               "a shutdown the node schedules at boot; shutdown from inside = terminate")
         return Plan(
             provider="aws", num_nodes=spec.num_nodes, instance_type=offer.instance_type, market=market,
             region=regions[0], zone=zones[0] if zones else None, gpu_name=offer.gpu_name,

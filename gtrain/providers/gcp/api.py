@@ -300,6 +300,7 @@ class NodeBody:
     service_account: str | None
     labels: dict[str, str]
     tag: str
+    max_run_s: int | None = None  # policies: GCE deletes the VM this long after it starts (maxRunDuration)
 
 
 def instance_body(b: NodeBody, name: str, zone: str, labels: dict[str, str]) -> Any:
@@ -327,8 +328,10 @@ def instance_body(b: NodeBody, name: str, zone: str, labels: dict[str, str]) -> 
         scheduling=c.Scheduling(
             on_host_maintenance="TERMINATE", automatic_restart=not b.spot,
             provisioning_model="SPOT" if b.spot else "STANDARD",
-            **({"instance_termination_action": "DELETE"} if b.spot else {})),
+            **({"instance_termination_action": "DELETE"} if b.spot or b.max_run_s else {})),
     )
+    if b.max_run_s:  # GCE itself deletes the VM when its run time is up: no laptop or gtrain process needed
+        inst.scheduling.max_run_duration = c.Duration(seconds=b.max_run_s)
     if b.accelerator_type:
         inst.guest_accelerators = [c.AcceleratorConfig(
             accelerator_type=f"zones/{zone}/acceleratorTypes/{b.accelerator_type}", accelerator_count=b.gpu_count)]

@@ -24,6 +24,8 @@ from gtrain.providers.common import (
     cloud_interval_cost,
     drop_key,
     ensure_key,
+    lifetime_note,
+    lifetime_s,
     owner,
     resolve_ssh_cidr,
     ssh_notes,
@@ -95,6 +97,8 @@ class GCPProvider(GCPInstances, GCPZones, GCPTeardown):
         if len(regions) > 1:
             notes.append(f"on no capacity: next zone, then {', '.join(regions[1:])}")
         notes += ssh_notes(opts.ssh_cidr, opts.ssh_proxy_command, "gcp")
+        notes += lifetime_note(lifetime_s(spec.policies, spec.num_nodes, first.price(res.use_spot)),
+                               "GCE's maxRunDuration, action DELETE")
         zones = self._zones(spec, regions[0])
         return Plan(provider="gcp", num_nodes=spec.num_nodes, instance_type=first.instance_type,
                     market="spot" if res.use_spot else "on-demand", region=regions[0],
@@ -185,7 +189,8 @@ class GCPProvider(GCPInstances, GCPZones, GCPTeardown):
             disk_type=opts.disk_type, image=image, network=opts.network, subnetwork=opts.subnetwork,
             external_ip=opts.external_ip if opts.external_ip is not None else not opts.ssh_proxy_command,
             ssh_user=opts.ssh_user, public_key=pub, service_account=opts.service_account, labels=labels,
-            tag=api.network_tag(cluster.id))
+            tag=api.network_tag(cluster.id),
+            max_run_s=lifetime_s(spec.policies, spec.num_nodes, offer.price(spec.resources.use_spot)))
 
     def _ensure_firewalls(self, cluster: Cluster, project: str, opts: GCPOptions, ssh_cidr: str | None) -> list[str]:
         """Make the cluster's firewall rules that do not exist yet; returns the names made by this call."""
