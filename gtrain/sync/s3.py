@@ -19,6 +19,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import hashlib
+import http.client
 import os
 import re
 import threading
@@ -317,33 +318,54 @@ class S3Backend:
                  progress: Callable[[int], None]) -> tuple[RemoteObject, Digests | None]:
         with self._errors(url, obj.key):
             if obj.size < self.threshold:
-                # one GET pinned to the listed ETag; hashed while streaming, metadata from the same response
-                r = self.wire.request("GET", url.bucket, obj.key, headers={"if-match": f'"{obj.version}"'},
-                                      stream=True)
-                assert r.stream is not None
-                sha, md5 = hashlib.sha256(), hashlib.md5(usedforsecurity=False)
-                try:
-                    with open(dest, "wb") as f:
-                        while chunk := r.stream.read(_READ_CHUNK):
-                            f.write(chunk)
-                            sha.update(chunk)
-                            md5.update(chunk)
-                            progress(len(chunk))
-                except (OSError, ValueError) as e:
-                    if isinstance(e, OSError) and e.filename is not None:
-                        raise
-                    self.wire.close()
-                    raise s3wire.S3WireError(0, type(e).__name__, f"download broke: {e}", bucket=url.bucket,
-                                             key=obj.key) from e
-                finally:
-                    r.stream.close()
-                return self._from_headers(obj.key, r.headers), Digests(sha.hexdigest(), md5.hexdigest())
+                # one GET pinned to the listed ETag; hashed while streaming, metadata from the same response;
+                # a stream that breaks is fetched again from the start (the temp file truncated)
+                for attempt in range(3):
+                    try:
+                        return self._get_small(url, obj, dest, progress)
+                    except s3wire.S3WireError as e:
+                        if e.code != "StreamBroken" or attempt == 2:
+                            raise
+                raise AssertionError("unreachable")  # pragma: no cover
             head = self.head(url, obj.key)
             if head is None or head.version != obj.version:
                 raise SyncError(f"s3://{url.bucket}/{obj.key} changed or disappeared during the sync",
                                 hint="re-run to sync what is there now")
             # the engine checks the digests against gtrain-sha256 (else the md5 a single-part ETag stands for)
             return head, self._download_ranges(url, head, dest, progress)
+
+    def _get_small(self, url: RemoteURL, obj: RemoteObject, dest: Path,
+                   progress: Callable[[int], None]) -> tuple[RemoteObject, Digests]:
+        r = self.wire.request("GET", url.bucket, obj.key, headers={"if-match": f'"{obj.version}"'}, stream=True)
+        assert r.stream is not None
+        sha, md5 = hashlib.sha256(), hashlib.md5(usedforsecurity=False)
+        got = 0
+        try:
+            with open(dest, "wb") as f:
+                while chunk := r.stream.read(_READ_CHUNK):
+                    f.write(chunk)
+                    sha.update(chunk)
+                    md5.update(chunk)
+                    got += len(chunk)
+                    progress(len(chunk))
+            want = int(r.headers.get("content-length", got))
+            if got != want:  # http.client's read(n) ends quietly when the server closes early
+                raise http.client.IncompleteRead(b"", want - got)
+        except OSError as e:
+            self.wire.discard_thread_connections()  # the rest of the body is still on that connection
+            if e.filename is not None:  # our file, not the network
+                raise
+            progress(-got)
+            raise s3wire.S3WireError(0, "StreamBroken", f"download broke ({type(e).__name__}): {e}",
+                                     bucket=url.bucket, key=obj.key) from e
+        except (ValueError, http.client.HTTPException) as e:
+            self.wire.discard_thread_connections()
+            progress(-got)
+            raise s3wire.S3WireError(0, "StreamBroken", f"download broke ({type(e).__name__}): {e}",
+                                     bucket=url.bucket, key=obj.key) from e
+        finally:
+            r.stream.close()
+        return self._from_headers(obj.key, r.headers), Digests(sha.hexdigest(), md5.hexdigest())
 
     def _download_ranges(self, url: RemoteURL, obj: RemoteObject, dest: Path,
                          progress: Callable[[int], None]) -> Digests:

@@ -352,6 +352,11 @@ class S3Wire:
             with self._routes_lock:
                 self._all_conns.discard(c)
 
+    def discard_thread_connections(self) -> None:
+        """Close this thread's connections (one whose response was abandoned mid-body cannot be reused)."""
+        for scheme, netloc in list(self._local.__dict__.get("pool", {})):
+            self._drop(scheme, netloc)
+
     def close(self) -> None:
         """Close every connection, of every thread (call when no request is in flight)."""
         with self._routes_lock:
@@ -401,7 +406,13 @@ class S3Wire:
             if resp.status in ok:
                 if stream and method != "HEAD":
                     return Response(resp.status, rheaders, stream=resp)
-                data = resp.read()
+                try:
+                    data = resp.read()  # all of it, or IncompleteRead: a body cut short is sent for again
+                except (OSError, http.client.HTTPException) as e:
+                    self._drop(route.scheme, route.netloc)
+                    last = S3WireError(0, type(e).__name__, f"{route.scheme}://{route.netloc}: the answer broke "
+                                                            f"off: {e}", bucket=bucket, key=key)
+                    continue
                 if resp.will_close:
                     self._drop(route.scheme, route.netloc)
                 return Response(resp.status, rheaders, data)

@@ -469,3 +469,73 @@ def test_a_killed_multipart_upload_is_resumed_or_aborted(tmp_path: Path, s3: Any
     else:
         assert len(parts_sent) == 6  # a new upload: the old parts belong to other bytes
     assert r.uploaded >= 1
+
+
+def test_a_download_stream_that_breaks_is_fetched_again(tmp_path: Path, s3: Any, bucket: str,
+                                                         moto_server: str) -> None:
+    """A relay in front of moto sends half of a body and drops the connection, once for a small object's GET
+    and once for a large one's first ranged GET: each is fetched again, and nothing partial is kept."""
+    import http.client
+    import socket
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from gtrain.sync.s3wire import S3Wire, resolve_settings
+
+    upstream = moto_server.removeprefix("http://")
+    broken: list[str] = []
+
+    class Relay(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _any(self) -> None:
+            n = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(n) if n else None
+            c = http.client.HTTPConnection(upstream, timeout=30)
+            c.request(self.command, self.path, body=body,
+                      headers={k: v for k, v in self.headers.items() if k.lower() != "host"} | {"Host": upstream})
+            r = c.getresponse()
+            data = r.read()
+            c.close()
+            self.send_response(r.status)
+            for k, v in r.getheaders():
+                if k.lower() not in ("content-length", "connection", "transfer-encoding", "server", "date"):
+                    self.send_header(k, v)
+            self.send_header("Content-Length", r.getheader("Content-Length", "0") if self.command == "HEAD"
+                             else str(len(data)))
+            self.end_headers()
+            victim = self.path.endswith("/victim.bin") or (self.path.endswith("/big.bin")
+                                                           and self.headers.get("Range", "").startswith("bytes=0-"))
+            if self.command == "GET" and victim and self.path not in broken:
+                broken.append(self.path)
+                self.wfile.write(data[: len(data) // 2])
+                self.wfile.flush()
+                self.connection.shutdown(socket.SHUT_RDWR)
+                self.close_connection = True
+                return
+            if self.command != "HEAD":
+                self.wfile.write(data)
+
+        do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _any  # noqa: N815
+
+        def log_message(self, *a: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Relay)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        data = os.urandom(300_000)
+        s3.put_object(Bucket=bucket, Key="b/victim.bin", Body=data)
+        s3.put_object(Bucket=bucket, Key="b/other.txt", Body=b"o")
+        big = os.urandom(11 * MiB)
+        s3.put_object(Bucket=bucket, Key="b/big.bin", Body=big)
+        env = {**os.environ, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{server.server_address[1]}"}
+        dst = tmp_path / "dst"
+        r = sync(f"s3://{bucket}/b", str(dst), client_factory=lambda: S3Wire(settings=resolve_settings(env=env)),
+                 **SMALL_PARTS)
+        assert r.downloaded == 3 and len(broken) == 2  # a whole GET and a ranged GET were cut short
+        assert (dst / "victim.bin").read_bytes() == data and (dst / "big.bin").read_bytes() == big
+        assert leftovers(dst) == []
+    finally:
+        server.shutdown()
+        server.server_close()
