@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     import threading
 
     from gtrain.events import Reporter
+    from gtrain.spec import ClusterSpec
     from gtrain.state import Cluster, CostInterval, StateStore
 
 #: a month of disk, in hours (the clouds' own convention for $/GB-month)
@@ -153,6 +154,35 @@ def resolve_ssh_cidr(ssh_cidr: str, proxy_command: str | None, section: str, pro
     if proxy_command:
         return None
     return detect_public_cidr(section, proxy_hint=proxy_hint)
+
+
+#: powers the node off: on EC2 that terminates it (InstanceInitiatedShutdownBehavior), on GCE it stops it
+IDLE_COMMAND = ("sudo", "-n", "shutdown", "-h", "now")
+IDLE_PIDFILE = "~/.gtrain-idle-watch.pid"
+
+
+def start_idle_watch(runners: list[Any], idle_minutes: float, command: list[str], report: Reporter,
+                     max_workers: int = 16) -> None:
+    """Start ``nodeside.idle_watch`` detached on every node: it runs ``command`` once the node has had no
+    gtrain job process and no interactive SSH login for ``idle_minutes`` (one watcher per node: starting it
+    again is a no-op). The nodes hold the policy themselves, with no laptop and no gtrain process left."""
+    import shlex
+
+    from gtrain.remote.base import nodeside_source
+
+    idle_s = max(1, int(idle_minutes * 60))
+    poll_s = max(1, min(30, idle_s // 4))
+    src = nodeside_source().encode()
+
+    def one(r: Any) -> None:
+        args = [r.python, "-", "idle_watch", str(idle_s), str(poll_s), IDLE_PIDFILE, *command]
+        r.start_detached(" ".join(map(shlex.quote, args)) + ' >>"$HOME/.gtrain-idle-watch.log" 2>&1', stdin=src)
+
+    with ThreadPoolExecutor(min(max_workers, max(1, len(runners)))) as pool:
+        for f in [pool.submit(one, r) for r in runners]:
+            f.result()
+    report.info(f"idle watch on {len(runners)} node(s): `{' '.join(command)}` after {idle_minutes:g} min with "
+                "no job and no SSH login (policies.idle_minutes)")
 
 
 def lifetime_s(policies: Any, num_nodes: int, price_per_hour: float | None) -> int | None:
@@ -371,6 +401,24 @@ def live_cluster_ids(store: StateStore, provider: str) -> set[str]:
     return {c.id for c in store.list_clusters() if c.provider == provider}
 
 
+class IdleWatch:
+    """Mixin for the cloud providers: ``policies.idle_minutes`` becomes a watcher on every node."""
+
+    report: Reporter
+    _max_workers: int
+
+    def _idle_watch(self, spec: ClusterSpec, cluster: Cluster, opts: CloudOptions) -> None:
+        minutes = spec.policies.idle_minutes
+        if not minutes:
+            return
+        if not opts.wait_ssh:
+            self.report.warn("policies.idle_minutes needs SSH to the nodes to start their idle watch, and "
+                             f"{spec.provider}.wait_ssh is false: it is not enforced on this cluster")
+            return
+        runners = self.runners(cluster)  # type: ignore[attr-defined]  # the Provider's
+        start_idle_watch(runners, minutes, opts.idle_command, self.report, self._max_workers)
+
+
 class CloudOptions(BaseModel):
     """What the cloud sections (``aws:``, ``gcp:``) share: who may reach port 22, how gtrain gets there,
     how long it waits. Subclasses say what ``%h`` is in their proxy command."""
@@ -384,6 +432,8 @@ class CloudOptions(BaseModel):
     wait_ssh: bool = Field(True, description="wait until every node answers over SSH")
     ssh_timeout_s: float = Field(900, gt=0)
     poll_s: float = Field(2.0, gt=0, le=60)
+    idle_command: list[str] = Field(default_factory=lambda: list(IDLE_COMMAND), min_length=1,
+                                    description="what a node runs once policies.idle_minutes is up")
 
     @field_validator("ssh_cidr")
     @classmethod

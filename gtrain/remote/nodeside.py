@@ -357,6 +357,58 @@ def probe(root: str, check_torch: str = "1") -> dict[str, object]:
     return out
 
 
+def _busy() -> str | None:
+    """What keeps the node from being idle: a process of a gtrain job (GTRAIN_JOB_ID in its environment) or
+    an interactive SSH login (an ``sshd: USER@pts/N`` process); None when there is neither."""
+    me = os.getpid()
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == me:
+            continue
+        try:
+            with open(f"/proc/{d}/environ", "rb") as f:
+                if b"GTRAIN_JOB_ID=" in b"\0" + f.read():
+                    return f"job process {d}"
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read()
+            if cmd.startswith(b"sshd: ") and b"@pts/" in cmd:
+                login = cmd.split(b"\0")[0].decode(errors="replace")
+                return f"ssh login ({login})"
+        except OSError:
+            continue
+    return None
+
+
+def idle_watch(idle_s: str, poll_s: str, pidfile: str, *cmd: str) -> int:
+    """Run ``cmd`` (the provider's: power the node off) once the node has had no gtrain job process and no
+    interactive SSH login for ``idle_s`` seconds (``policies.idle_minutes``). Started detached by ``gtrain up``
+    on cloud nodes, so it holds with no laptop; one per node (a second one finds ``pidfile`` locked and
+    exits). Prints what it decides, one line each, to its log."""
+    import fcntl
+    import subprocess
+
+    fd = os.open(os.path.expanduser(pidfile), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return 0
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    limit, poll = float(idle_s), float(poll_s)
+    last_busy = time.time()
+    print(f"gtrain idle watch: {' '.join(cmd)!r} after {limit:.0f}s idle", flush=True)
+    while True:
+        why = _busy()
+        now = time.time()
+        if why is not None:
+            last_busy = now
+        elif now - last_busy >= limit:
+            print(f"gtrain idle watch: idle for {now - last_busy:.0f}s: running {' '.join(cmd)!r}", flush=True)
+            rc = subprocess.run(list(cmd), check=False).returncode
+            print(f"gtrain idle watch: exit {rc}", flush=True)
+            return rc
+        time.sleep(poll)
+
+
 FUNCS = {
     "probe": probe,
     "free_port": free_port, "job_state": job_state, "cancel": cancel, "manifest": manifest,
@@ -367,4 +419,6 @@ if __name__ == "__main__":
     name, args = sys.argv[1], sys.argv[2:]
     if name == "follow":
         sys.exit(follow(*args))
+    if name == "idle_watch":
+        sys.exit(idle_watch(*args))
     print(json.dumps(FUNCS[name](*args)))  # type: ignore[operator]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import boto3
@@ -37,7 +38,10 @@ def test_two_node_torchrun_on_moto_nodes_over_proxy_command(moto_server: str, ss
         "name": "aws-e2e", "provider": "aws", "num_nodes": 2,
         "resources": {"accelerators": "T4:1", "region": "us-east-1", "disk_gb": 50},
         "aws": {"ssh_user": hosts[0].user, "ssh_proxy_command": f"{sys.executable} {RELAY} aws {relay_dir} %h",
-                "host_key_wait_s": 0, "ssh_timeout_s": 60, "poll_s": 0.2},
+                "host_key_wait_s": 0, "ssh_timeout_s": 60, "poll_s": 0.2,
+                # the idle watch's command: a marker file here, not a power-off of the machine running the tests
+                "idle_command": ["sh", "-c", f"mktemp {tmp_path}/idle-fired.XXXXXX"]},
+        "policies": {"idle_minutes": 0.05},
         "job": {"workdir": str(work), "run": "probe.py", "nproc_per_node": 2, "checkpoint_dir": "ckpt",
                 "python": sys.executable, "env": {"OMP_NUM_THREADS": "1"}},
     }))
@@ -64,6 +68,12 @@ def test_two_node_torchrun_on_moto_nodes_over_proxy_command(moto_server: str, ss
         assert hello == [0, 1, 2, 3]
         pulled = gtrain.pull("aws-e2e", to=tmp_path / "ck")
         assert "sub/model.bin" in pulled.transferred
+        # policies.idle_minutes (3 s here): every node's watcher ran its command once nothing was running
+        deadline = time.monotonic() + 60
+        want = 2 if ssh_hosts.mode == "netns" else 1  # loopback hosts share one home, so one watcher
+        while len(list(tmp_path.glob("idle-fired.*"))) < want:
+            assert time.monotonic() < deadline, "the idle watch did not fire"
+            time.sleep(0.2)
     finally:
         down = gtrain.down("aws-e2e")
     assert not down.already_down and len(down.cost.lines) == 2

@@ -83,3 +83,37 @@ def test_manifest(tmp_path: Path) -> None:
     m = nodeside.manifest(str(tmp_path))
     assert [e["path"] for e in m] == ["a/x.pt"]
     assert m[0]["sha256"] == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+
+
+def test_idle_watch_waits_for_jobs_to_end_then_runs_its_command_once(tmp_path: Path) -> None:
+    """``policies.idle_minutes`` on a node: the watcher runs its command only after ``idle_s`` with no process
+    of a gtrain job; a second watcher on the same node exits at once."""
+    from gtrain.remote import nodeside
+
+    marker, pidfile = tmp_path / "powered-off", tmp_path / "watch.pid"
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(4)"],
+                           env={**os.environ, "GTRAIN_JOB_ID": "idle-test"})
+    watch = subprocess.Popen([sys.executable, nodeside.__file__, "idle_watch", "2", "0.2", str(pidfile),
+                              "touch", str(marker)], stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not pidfile.exists() or not pidfile.read_text().strip():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        second = subprocess.run([sys.executable, nodeside.__file__, "idle_watch", "2", "0.2", str(pidfile),
+                                 "touch", str(tmp_path / "second")], timeout=10)
+        assert second.returncode == 0 and not (tmp_path / "second").exists()  # one watcher per node
+        time.sleep(3)
+        assert job.poll() is None and not marker.exists()  # 3 s in: the job still runs, the node is busy
+        job.wait(timeout=10)
+        assert watch.wait(timeout=15) == 0  # then 2 s idle: the command ran, the watcher is done
+        assert marker.exists()
+        out = watch.stdout.read() if watch.stdout else ""
+        assert "idle for" in out and "touch" in out
+    finally:
+        for p in (job, watch):
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        if watch.stdout:
+            watch.stdout.close()

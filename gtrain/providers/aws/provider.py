@@ -26,6 +26,7 @@ from gtrain.providers.aws.teardown import AWSTeardown
 from gtrain.providers.base import IntervalCost, NodeStatus, Plan
 from gtrain.providers.common import (
     Attempts,
+    IdleWatch,
     cloud_interval_cost,
     drop_key,
     lifetime_note,
@@ -56,7 +57,7 @@ class _Target:
     zones: list[str] | None  # None: every zone that offers the type
 
 
-class AWSProvider(AWSInstances, AWSNetwork, AWSTeardown):
+class AWSProvider(AWSInstances, AWSNetwork, AWSTeardown, IdleWatch):
     name = "aws"
     billing_minimum_s = 60.0
 
@@ -214,6 +215,7 @@ class AWSProvider(AWSInstances, AWSNetwork, AWSTeardown):
                 self._record_nodes(spec, cluster, plan, opts, reg, zone, nodes, od_price, spot_price)
                 if opts.wait_ssh:
                     self._wait_ssh(cluster, opts)
+                self._idle_watch(spec, cluster, opts)
                 return
             self._undo_region(cluster, reg, opts)
         what = f"{spec.num_nodes}x {itype} ({plan.market})"

@@ -21,6 +21,7 @@ from gtrain.errors import CapacityError, ConfigError, GtrainError, ProviderError
 from gtrain.providers.base import IntervalCost, NodeStatus, Plan
 from gtrain.providers.common import (
     Attempts,
+    IdleWatch,
     cloud_interval_cost,
     drop_key,
     ensure_key,
@@ -51,7 +52,7 @@ PD_USD_PER_GB_MONTH = {"pd-balanced": 0.10, "pd-ssd": 0.17, "pd-standard": 0.04}
 LIVE = ("PROVISIONING", "STAGING", "RUNNING")
 
 
-class GCPProvider(GCPInstances, GCPZones, GCPTeardown):
+class GCPProvider(GCPInstances, GCPZones, GCPTeardown, IdleWatch):
     name = "gcp"
     billing_minimum_s = 60.0
 
@@ -159,6 +160,7 @@ class GCPProvider(GCPInstances, GCPZones, GCPTeardown):
                 self._record_nodes(spec, cluster, plan, opts, project, zone, nodes, regional)
                 if opts.wait_ssh:
                     self._wait_ssh(cluster, opts, project)
+                self._idle_watch(spec, cluster, opts)
                 return
         what = f"{spec.num_nodes}x {offer.instance_type} ({plan.market})"
         if not existing:  # nothing of this cluster runs anywhere: its firewall rules and local key go too
