@@ -13,7 +13,7 @@ import sys
 import textwrap
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -471,65 +471,85 @@ def test_a_killed_multipart_upload_is_resumed_or_aborted(tmp_path: Path, s3: Any
     assert r.uploaded >= 1
 
 
+class _Relay:
+    """A plain-HTTP relay in front of moto for tests of what the network does to the client. ``intercept``
+    is called with (handler, request body, b"") before moto is asked (True: the test answered it) and with
+    moto's answer body once the headers went out (True: the test sent, or cut short, the body itself);
+    everything else is passed through, each answer whole with its own Content-Length."""
+
+    def __init__(self, upstream: str, intercept: Callable[[Any, bytes | None, bytes], bool]) -> None:
+        import http.client
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _any(self) -> None:
+                n = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(n) if n else None
+                if intercept(self, body, b""):  # answered by the test: moto never sees it
+                    return
+                c = http.client.HTTPConnection(upstream, timeout=30)
+                c.request(self.command, self.path, body=body,
+                          headers={k: v for k, v in self.headers.items() if k.lower() != "host"} | {"Host": upstream})
+                r = c.getresponse()
+                data = r.read()
+                c.close()
+                self.send_response(r.status)
+                for k, v in r.getheaders():
+                    if k.lower() not in ("content-length", "connection", "transfer-encoding", "server", "date"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", r.getheader("Content-Length", "0") if self.command == "HEAD"
+                                 else str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD" and not intercept(self, body, data):
+                    self.wfile.write(data)
+
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _any  # noqa: N815
+
+            def log_message(self, *a: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 def test_a_download_stream_that_breaks_is_fetched_again(tmp_path: Path, s3: Any, bucket: str,
                                                          moto_server: str) -> None:
     """A relay in front of moto sends half of a body and drops the connection, once for a small object's GET
     and once for a large one's first ranged GET: each is fetched again, and nothing partial is kept."""
-    import http.client
     import socket
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from gtrain.sync.s3wire import S3Wire, resolve_settings
 
-    upstream = moto_server.removeprefix("http://")
     broken: list[str] = []
 
-    class Relay(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    def cut(h: Any, body: bytes | None, data: bytes) -> bool:
+        victim = h.path.endswith("/victim.bin") or (h.path.endswith("/big.bin")
+                                                   and h.headers.get("Range", "").startswith("bytes=0-"))
+        if not data or h.command != "GET" or not victim or h.path in broken:
+            return False
+        broken.append(h.path)
+        h.wfile.write(data[: len(data) // 2])  # half the body, then the connection goes
+        h.wfile.flush()
+        h.connection.shutdown(socket.SHUT_RDWR)
+        h.close_connection = True
+        return True
 
-        def _any(self) -> None:
-            n = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(n) if n else None
-            c = http.client.HTTPConnection(upstream, timeout=30)
-            c.request(self.command, self.path, body=body,
-                      headers={k: v for k, v in self.headers.items() if k.lower() != "host"} | {"Host": upstream})
-            r = c.getresponse()
-            data = r.read()
-            c.close()
-            self.send_response(r.status)
-            for k, v in r.getheaders():
-                if k.lower() not in ("content-length", "connection", "transfer-encoding", "server", "date"):
-                    self.send_header(k, v)
-            self.send_header("Content-Length", r.getheader("Content-Length", "0") if self.command == "HEAD"
-                             else str(len(data)))
-            self.end_headers()
-            victim = self.path.endswith("/victim.bin") or (self.path.endswith("/big.bin")
-                                                           and self.headers.get("Range", "").startswith("bytes=0-"))
-            if self.command == "GET" and victim and self.path not in broken:
-                broken.append(self.path)
-                self.wfile.write(data[: len(data) // 2])
-                self.wfile.flush()
-                self.connection.shutdown(socket.SHUT_RDWR)
-                self.close_connection = True
-                return
-            if self.command != "HEAD":
-                self.wfile.write(data)
-
-        do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _any  # noqa: N815
-
-        def log_message(self, *a: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Relay)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    relay = _Relay(moto_server.removeprefix("http://"), cut)
     try:
         data = os.urandom(300_000)
         s3.put_object(Bucket=bucket, Key="b/victim.bin", Body=data)
         s3.put_object(Bucket=bucket, Key="b/other.txt", Body=b"o")
         big = os.urandom(11 * MiB)
         s3.put_object(Bucket=bucket, Key="b/big.bin", Body=big)
-        env = {**os.environ, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{server.server_address[1]}"}
+        env = {**os.environ, "AWS_ENDPOINT_URL": relay.endpoint}
         dst = tmp_path / "dst"
         r = sync(f"s3://{bucket}/b", str(dst), client_factory=lambda: S3Wire(settings=resolve_settings(env=env)),
                  **SMALL_PARTS)
@@ -537,5 +557,43 @@ def test_a_download_stream_that_breaks_is_fetched_again(tmp_path: Path, s3: Any,
         assert (dst / "victim.bin").read_bytes() == data and (dst / "big.bin").read_bytes() == big
         assert leftovers(dst) == []
     finally:
-        server.shutdown()
-        server.server_close()
+        relay.close()
+
+
+def test_a_bucket_in_another_region_is_followed(tmp_path: Path, s3: Any, bucket: str, moto_server: str) -> None:
+    """As S3 does for a bucket of another region, a relay in front of moto answers 301 PermanentRedirect with
+    ``x-amz-bucket-region`` to requests signed for the wrong region: the client re-signs for the bucket's own
+    region (as botocore's redirector does) and the sync goes through."""
+    import re
+
+    from gtrain.sync.s3wire import S3Wire, resolve_settings
+
+    regions: list[str] = []
+
+    def redirect(h: Any, body: bytes | None, data: bytes) -> bool:
+        if data:
+            return False
+        m = re.search(r"Credential=[^/]+/\d+/([^/]+)/s3/", h.headers.get("Authorization", ""))
+        regions.append(m.group(1) if m else "?")
+        if regions[-1] == "eu-west-1":
+            return False
+        err = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>PermanentRedirect</Code><Message>The bucket '
+               b'you are attempting to access must be addressed using the specified endpoint.</Message></Error>')
+        h.send_response(301)
+        h.send_header("x-amz-bucket-region", "eu-west-1")
+        h.send_header("Content-Length", str(len(err)))
+        h.end_headers()
+        h.wfile.write(err if h.command != "HEAD" else b"")
+        return True
+
+    relay = _Relay(moto_server.removeprefix("http://"), redirect)
+    try:
+        src = tmp_path / "src"
+        files = make_tree(src, n=5)
+        env = {**os.environ, "AWS_ENDPOINT_URL": relay.endpoint, "AWS_DEFAULT_REGION": "us-east-1"}
+        r = sync(str(src), f"s3://{bucket}/far", client_factory=lambda: S3Wire(settings=resolve_settings(env=env)))
+        assert r.uploaded == len(files)
+        assert regions[0] == "us-east-1" and regions[1:] and set(regions[1:]) == {"eu-west-1"}  # one redirect
+        assert remote_tree(s3, bucket, "far/") == {f"far/{k}": v for k, v in files.items()}
+    finally:
+        relay.close()
