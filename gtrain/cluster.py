@@ -140,15 +140,49 @@ def down(name: str, ctx: Context) -> DownResult:
     except GtrainError as e:  # an unreachable node must not keep us from deleting what costs money
         warnings.append(f"could not stop jobs cleanly: {e.message}")
         ctx.report.warn(warnings[-1])
+    ended = _ended_by_their_limit(cluster, provider, ctx)
     ctx.report.info(f"terminating {cluster.num_nodes} node(s) of {name}")
     provider.terminate(cluster)
     now = time.time()
+    for rank, at in ended.items():
+        ctx.store.close_node_interval(cluster.id, rank, at=min(at, now))
     ctx.store.close_intervals(cluster.id, at=now)
     ctx.store.set_nodes_status(cluster.id, "terminated")
     ctx.store.update_cluster(cluster.id, status="terminated", terminated_at=now)
     cluster = ctx.store.get_cluster_by_id(cluster.id)
     report = cluster_cost(ctx.store, cluster, provider, persist=True)
     return DownResult(name, False, report, warnings)
+
+
+_GONE = ("terminated", "preempted", "missing", "stopped")
+
+
+def _ended_by_their_limit(cluster: Cluster, provider: Provider, ctx: Context) -> dict[int, float]:
+    """Nodes of a cloud cluster with a time or cost limit (which the nodes enforce themselves) that are gone
+    by the time of ``down``: rank -> the latest moment each can have run (its start + its lifetime + a minute
+    for the shutdown), so the cost report does not bill them up to ``down``."""
+    from gtrain.providers.common import lifetime_s
+    from gtrain.spec import Policies
+
+    if not provider.nodes_enforce_limits:
+        return {}
+    try:
+        policies = Policies.model_validate(cluster.spec.get("policies") or {})
+    except ValueError:
+        return {}
+    life = lifetime_s(policies, cluster.num_nodes, cluster.price_per_hour or None)
+    if life is None:
+        return {}
+    try:
+        gone = {s.rank: s.status for s in provider.describe(cluster) if s.status in _GONE}
+    except GtrainError as e:
+        ctx.report.warn(f"could not ask which nodes ended on their own ({e.message}); billing them until now")
+        return {}
+    starts = {i.node_rank: i.started_at for i in ctx.store.intervals(cluster.id) if i.stopped_at is None}
+    out = {rank: starts[rank] + life + 60 for rank in gone if rank in starts}
+    for rank in sorted(out):
+        ctx.report.info(f"node {rank} had already ended ({gone[rank]}); billed up to its time limit at most")
+    return out
 
 
 def status(ctx: Context, name: str | None = None, *, refresh: bool = True) -> list[dict[str, Any]]:

@@ -419,6 +419,12 @@ class StateStore:
             c.execute("UPDATE cost_intervals SET stopped_at=? WHERE cluster_id=? AND stopped_at IS NULL",
                       (at or time.time(), cluster_id))
 
+    def close_node_interval(self, cluster_id: str, node_rank: int, *, at: float) -> None:
+        """End one node's open interval at ``at`` (a node that ended before the cluster did)."""
+        with self.tx() as c:
+            c.execute("UPDATE cost_intervals SET stopped_at=max(started_at, ?) WHERE cluster_id=? AND node_rank=?"
+                      " AND stopped_at IS NULL", (at, cluster_id, node_rank))
+
     def set_interval_cost(self, iid: int, cost_usd: float, *, estimate: bool, note: str | None = None) -> None:
         with self.tx() as c:
             c.execute("UPDATE cost_intervals SET cost_usd=?, estimate=?, note=? WHERE id=?",

@@ -71,6 +71,8 @@ class Provider(ABC):
     name: ClassVar[str]
     #: the provider bills at least this many seconds per node interval (EC2 and GCE: 60)
     billing_minimum_s: ClassVar[float] = 0.0
+    #: its nodes end themselves at policies.max_hours / max_cost_usd (the cost report bounds them by it)
+    nodes_enforce_limits: ClassVar[bool] = False
 
     def __init__(self, store: StateStore, report: Reporter = SILENT) -> None:
         self.store = store

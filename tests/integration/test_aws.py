@@ -565,3 +565,18 @@ def test_time_and_cost_limits_make_the_nodes_end_themselves() -> None:
         assert "UserData" not in sent[0]
     finally:
         core.down(s2.name, ctx)
+
+
+def test_a_node_that_ended_at_its_limit_is_not_billed_until_down() -> None:
+    ctx = context()
+    s = spec("aws-ended", 2)  # policies.max_hours 2: the nodes end themselves 2 h after they start
+    c = core.up(s, ctx).cluster
+    assert c is not None
+    # three hours later (the intervals moved back), node 1 is gone: its own shutdown terminated it
+    with ctx.store.tx() as db:
+        db.execute("UPDATE cost_intervals SET started_at = started_at - 3 * 3600 WHERE cluster_id = ?", (c.id,))
+    ec2().terminate_instances(InstanceIds=[ctx.store.nodes(c.id)[1].instance_id or ""])
+    down = core.down(s.name, ctx)
+    hours = {ln.node_rank: ln.hours for ln in down.cost.lines}
+    assert 2.0 <= hours[1] <= 2.0 + 2 / 60  # its time limit (+ a minute for the shutdown), not 3 h
+    assert hours[0] >= 3.0  # node 0 still ran until down

@@ -55,6 +55,7 @@ LIVE = ("PROVISIONING", "STAGING", "RUNNING")
 class GCPProvider(GCPInstances, GCPZones, GCPTeardown, IdleWatch):
     name = "gcp"
     billing_minimum_s = 60.0
+    nodes_enforce_limits = True
 
     def _opts(self, cluster: Cluster) -> GCPOptions:
         return gcp_options(cluster.spec.get("gcp"))
