@@ -16,7 +16,7 @@ import re
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -211,28 +211,22 @@ def op_error(op: Any, what: str) -> GtrainError | None:
 
 def wait_zone_op(clients: GCEClients, project: str, zone: str, name: str, what: str, timeout: float = 900) -> None:
     """Wait with zoneOperations.wait (the operation object's own poller ignores the endpoint); raise its error."""
-    from google.cloud import compute_v1
-
-    deadline = time.monotonic() + timeout
-    while True:
-        with gce(f"{what}: waiting"):
-            op = clients.zone_operations.wait(project=project, zone=zone, operation=name)
-        if op.status == compute_v1.Operation.Status.DONE:
-            err = op_error(op, what)
-            if err is not None:
-                raise err
-            return
-        if time.monotonic() > deadline:
-            raise ProviderError(f"{what}: operation {name} not done after {timeout:.0f}s")
+    _wait_op(lambda: clients.zone_operations.wait(project=project, zone=zone, operation=name), name, what, timeout)
 
 
 def wait_global_op(clients: GCEClients, project: str, name: str, what: str, timeout: float = 300) -> None:
+    _wait_op(lambda: clients.global_operations.wait(project=project, operation=name), name, what, timeout)
+
+
+def _wait_op(wait: Callable[[], Any], name: str, what: str, timeout: float) -> None:
+    """Call ``wait`` (a zone or global operations.wait, which returns after at most ~2 min) until the operation
+    is DONE; raise the error it carries, or a timeout."""
     from google.cloud import compute_v1
 
     deadline = time.monotonic() + timeout
     while True:
         with gce(f"{what}: waiting"):
-            op = clients.global_operations.wait(project=project, operation=name)
+            op = wait()
         if op.status == compute_v1.Operation.Status.DONE:
             err = op_error(op, what)
             if err is not None:
