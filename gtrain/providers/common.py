@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gtrain.errors import CapacityError, ConfigError, GtrainError, QuotaError, RemoteError
+from gtrain.errors import CapacityError, ConfigError, GtrainError, ProviderError, QuotaError, RemoteError
 from gtrain.providers.base import IntervalCost
 from gtrain.state import gtrain_home
 
@@ -279,6 +279,18 @@ def cloud_interval_cost(interval: CostInterval, *, minimum_s: float, spot: tuple
 
 
 # ---------------------------------------------------------------------------------------------- ssh
+
+
+def finish_down(store: StateStore, report: Reporter, lock: Any, cluster: Cluster, left: list[str], found_by: str,
+                gc_cmd: str) -> None:
+    """The end of a cloud ``terminate``: the cluster out of the SSH config, its local key gone, and a
+    ProviderError listing whatever the final check still found (``found_by``: how it was looked for)."""
+    write_ssh_config(store, report, lock, exclude=cluster.id)
+    drop_key(cluster.id)
+    if left:
+        raise ProviderError(f"{cluster.name}: resources {found_by} remain after down:\n"
+                            + "\n".join(f"  - {x}" for x in left),
+                            hint=f"run `gtrain down {cluster.name}` again, or `{gc_cmd}`")
 
 
 def write_ssh_config(store: StateStore, report: Reporter, lock: Any, exclude: str | None = None) -> None:

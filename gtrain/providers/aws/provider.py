@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gtrain.errors import CapacityError, ConfigError, GtrainError, ProviderError, QuotaError
+from gtrain.errors import CapacityError, ConfigError, GtrainError, QuotaError
 from gtrain.providers.aws import api
 from gtrain.providers.aws.api import LIVE_STATES, TAG_CLUSTER, TAG_RANK
 from gtrain.providers.aws.instances import AWSInstances
@@ -29,6 +29,7 @@ from gtrain.providers.common import (
     IdleWatch,
     cloud_interval_cost,
     drop_key,
+    finish_down,
     lifetime_note,
     lifetime_s,
     resolve_ssh_cidr,
@@ -324,12 +325,8 @@ class AWSProvider(AWSInstances, AWSNetwork, AWSTeardown, IdleWatch):
         for region in self._regions_of(cluster):
             left += self.teardown(region, cluster.id, profile, known_ids=ids_by_region.get(region, set()),
                                   cluster=cluster)
-        self._write_ssh_config(exclude=cluster.id)
-        drop_key(cluster.id)
-        if left:
-            raise ProviderError(f"{cluster.name}: resources tagged {TAG_CLUSTER}={cluster.id} remain after down:\n"
-                                + "\n".join(f"  - {x}" for x in left),
-                                hint=f"run `gtrain down {cluster.name}` again, or `gtrain gc --yes`")
+        finish_down(self.store, self.report, self._store_lock, cluster, left, f"tagged {TAG_CLUSTER}={cluster.id}",
+                    "gtrain gc --yes")
 
     # ---- price ----
 

@@ -25,12 +25,12 @@ from gtrain.providers.common import (
     cloud_interval_cost,
     drop_key,
     ensure_key,
+    finish_down,
     lifetime_note,
     lifetime_s,
     owner,
     resolve_ssh_cidr,
     ssh_notes,
-    write_ssh_config,
 )
 from gtrain.providers.gcp import api
 from gtrain.providers.gcp.api import LABEL_CLUSTER, LABEL_RANK, gce
@@ -279,12 +279,8 @@ class GCPProvider(GCPInstances, GCPZones, GCPTeardown, IdleWatch):
         known = [(n.zone or n.meta.get("zone") or "", n.instance_id or "") for n in self.store.nodes(cluster.id)
                  if n.instance_id]
         left = self.teardown(project, cluster.id, cluster=cluster, known=known)
-        write_ssh_config(self.store, self.report, self._store_lock, exclude=cluster.id)
-        drop_key(cluster.id)
-        if left:
-            raise ProviderError(f"{cluster.name}: resources of cluster {cluster.id} remain after down:\n"
-                                + "\n".join(f"  - {x}" for x in left),
-                                hint=f"run `gtrain down {cluster.name}` again, or `gtrain gc --provider gcp --yes`")
+        finish_down(self.store, self.report, self._store_lock, cluster, left, f"of cluster {cluster.id}",
+                    "gtrain gc --provider gcp --yes")
 
     # ---- price ----
 
