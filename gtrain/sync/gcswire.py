@@ -446,9 +446,3 @@ def status_error(method: str, url: str, resp: Response) -> Exception:
     if resp.status == 401:
         return Unauthorized(err)
     return err
-
-
-def urllib3_timeout() -> Any:
-    import urllib3
-
-    return urllib3.Timeout(connect=TIMEOUT[0], read=TIMEOUT[1])

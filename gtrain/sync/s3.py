@@ -258,7 +258,7 @@ class S3Backend:
         else:
             r = wire.request("POST", bucket, key, query={"uploads": ""}, headers={
                 _META_HEADER: digests.sha256, "content-type": "application/octet-stream"})
-            upload_id = s3wire.find(s3wire.parse_xml(r.body), "UploadId") or ""
+            upload_id = s3wire.parse_xml(r.body).findtext("UploadId") or ""
             if not upload_id:
                 raise SyncError(f"s3://{bucket}/{key}: CreateMultipartUpload returned no UploadId")
             ps, have = self._part_size(size), {}
@@ -293,9 +293,9 @@ class S3Backend:
                                 body=s3wire.complete_xml([e for e, _ in results]))
             root = s3wire.parse_xml(resp.body)
             if root.tag == "Error":  # CompleteMultipartUpload can fail with a 200
-                raise s3wire.S3WireError(500, s3wire.find(root, "Code") or "InternalError",
-                                         s3wire.find(root, "Message") or "", bucket=bucket, key=key)
-            etag = (s3wire.find(root, "ETag") or "").strip('"')
+                raise s3wire.S3WireError(500, root.findtext("Code") or "InternalError",
+                                         root.findtext("Message") or "", bucket=bucket, key=key)
+            etag = (root.findtext("ETag") or "").strip('"')
             done = True
             if self.journal is not None:
                 self.journal.upload_ended(key, upload_id)
@@ -424,8 +424,8 @@ class S3Backend:
                 if errs:
                     e0 = errs[0]
                     raise SyncError(f"could not delete {len(errs)} object(s) under {url}; first "
-                                    f"{s3wire.find(e0, 'Key')!r}: {s3wire.find(e0, 'Code')} "
-                                    f"{s3wire.find(e0, 'Message') or ''}".rstrip())
+                                    f"{e0.findtext('Key')!r}: {e0.findtext('Code')} "
+                                    f"{e0.findtext('Message') or ''}".rstrip())
 
     def close(self) -> None:
         if self._parts is not None:

@@ -520,10 +520,6 @@ def parse_xml(body: bytes) -> ElementTree.Element:
     return root
 
 
-def find(root: ElementTree.Element, name: str) -> str | None:
-    return root.findtext(name)
-
-
 def file_part(path: Path, offset: int, length: int) -> bytes:
     with open(path, "rb") as f:
         f.seek(offset)

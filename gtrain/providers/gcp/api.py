@@ -355,16 +355,6 @@ def firewall_bodies(cluster_id: str, network: str, ssh_cidr: str | None) -> list
     return out
 
 
-def check_labels(labels: dict[str, str], field: str) -> None:
-    for k, v in labels.items():
-        if not LABEL_KEY_RE.match(k):
-            raise ConfigError(f"{field}: label key {k!r} is not a GCE label key (lowercase letter first, then "
-                              "a-z 0-9 _ -, at most 63)", field=field)
-        if not LABEL_VALUE_RE.match(v):
-            raise ConfigError(f"{field}: label value {v!r} of {k!r} is not a GCE label value (a-z 0-9 _ -, at "
-                              "most 63)", field=field)
-
-
 # ---------------------------------------------------------------------------------------------- the shared base
 
 

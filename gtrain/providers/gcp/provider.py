@@ -49,7 +49,6 @@ __all__ = ["PD_USD_PER_GB_MONTH", "REGION_ZONES", "GCPOptions", "GCPProvider", "
 
 #: persistent disk, USD per GB-month (us-central1 list price, 2025); a month is 730 hours
 PD_USD_PER_GB_MONTH = {"pd-balanced": 0.10, "pd-ssd": 0.17, "pd-standard": 0.04}
-LIVE = ("PROVISIONING", "STAGING", "RUNNING")
 
 
 class GCPProvider(GCPInstances, GCPZones, GCPTeardown, IdleWatch):
