@@ -25,14 +25,10 @@ import json
 import os
 import platform
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -42,43 +38,22 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gtrain.sync.objstore import sync  # noqa: E402
+from tests.services import free_port, stop, wait_http  # noqa: E402
 
 MiB = 1024 * 1024
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start(cmd: list[str], probe: str, log: Path) -> subprocess.Popen[bytes]:
+    """Start a server in a session of its own and wait until ``probe`` answers (tests/services.py)."""
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(probe, timeout=1):
-                return proc
-        except urllib.error.HTTPError:
-            return proc
-        except OSError:
-            if proc.poll() is not None:
-                break
-            time.sleep(0.05)
-    stop(proc)
-    raise SystemExit(f"server did not start: {cmd}\n{log.read_text()[-2000:]}")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    try:
+        wait_http(probe, proc, log)
+    except RuntimeError as e:
+        stop(proc)
+        raise SystemExit(f"server did not start: {cmd}\n{e}") from None
+    return proc
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
