@@ -20,9 +20,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gtrain.errors import ClusterNotFound, ConfigError, StateError
+
+if TYPE_CHECKING:
+    from gtrain.nodes import NodeRecord
 
 SCHEMA_VERSION = 1
 
@@ -324,6 +327,18 @@ class StateStore:
         rows = self.conn.execute("SELECT * FROM nodes WHERE cluster_id=? ORDER BY rank", (cluster_id,))
         return [Node(r["cluster_id"], r["rank"], r["address"], r["instance_id"], r["zone"], r["status"],
                      json.loads(r["meta_json"])) for r in rows]
+
+    def put_node(self, cluster_id: str, node: NodeRecord) -> None:
+        """Record (or update) one node from its typed record."""
+        self.upsert_node(cluster_id, node.rank, status=node.status, address=node.address,
+                         instance_id=node.instance_id, zone=node.zone, meta=node.to_meta())
+
+    def node_records(self, cluster_id: str) -> list[NodeRecord]:
+        """The cluster's nodes as typed records, in rank order."""
+        from gtrain.nodes import NodeRecord
+
+        return [NodeRecord.from_stored(n.rank, n.status, n.address, n.instance_id, n.zone, n.meta)
+                for n in self.nodes(cluster_id)]
 
     def set_nodes_status(self, cluster_id: str, status: str) -> None:
         with self.tx() as c:

@@ -1,9 +1,17 @@
-"""Provider registry: name -> "module:Class", imported only when a cluster of that provider is used,
-so `gtrain --help` and `gtrain status` never import a cloud SDK or paramiko."""
+"""Provider registry: name -> ``"module:Class"``, imported only when a cluster of that provider is used, so
+`gtrain --help` and `gtrain status` never import a cloud SDK or paramiko.
+
+The built-in providers are listed in :data:`REGISTRY`; a provider in its own package registers through the
+``gtrain.providers`` entry-point group (``name = "pkg.module:Class"``), as TorchX schedulers do, or at run
+time with :func:`register`. Everything else (the spec's provider sections -- one per registered name, read
+only by that provider --, `gtrain gc`, the CLI's cost confirmation) asks the registry and the provider
+class, never a provider's name.
+"""
 
 from __future__ import annotations
 
 import importlib
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from gtrain.errors import ConfigError
@@ -13,6 +21,9 @@ if TYPE_CHECKING:
     from gtrain.providers.base import Provider
     from gtrain.state import StateStore
 
+ENTRY_POINT_GROUP = "gtrain.providers"
+
+#: the providers shipped with gtrain
 REGISTRY: dict[str, str] = {
     "local": "gtrain.providers.local:LocalProvider",
     "aws": "gtrain.providers.aws:AWSProvider",
@@ -20,17 +31,59 @@ REGISTRY: dict[str, str] = {
     "ssh": "gtrain.providers.ssh:SSHProvider",
 }
 
+#: names a spec may give that no registered provider serves yet, with what to say
+PLANNED: dict[str, str] = {"slurm": "not available in this version of gtrain"}
+
+_ADDED: dict[str, str] = {}
+
+
+@lru_cache(maxsize=1)
+def _entry_points() -> dict[str, str]:
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def register(name: str, target: str) -> None:
+    """Add a provider at run time (``"module:Class"``); a plug-in package would use the entry point instead."""
+    _ADDED[name] = target
+    provider_class.cache_clear()
+
+
+def unregister(name: str) -> None:
+    _ADDED.pop(name, None)
+    provider_class.cache_clear()
+
+
+def _target(name: str) -> str | None:
+    return _ADDED.get(name) or REGISTRY.get(name) or _entry_points().get(name)
+
+
+def provider_names() -> list[str]:
+    """Every provider a spec may name: built in, registered at run time, or from an entry point."""
+    return sorted({*REGISTRY, *_ADDED, *_entry_points()})
+
+
+@lru_cache(maxsize=None)
+def provider_class(name: str) -> type[Provider]:
+    """The provider's class (its module imported; the SDK it uses is not, until used)."""
+    target = _target(name)
+    if target is None:
+        why = PLANNED.get(name, "not available in this version of gtrain")
+        raise ConfigError(f"provider {name!r} is {why}", hint=f"available: {', '.join(provider_names())}",
+                          field="provider")
+    mod, _, cls = target.partition(":")
+    try:
+        module = importlib.import_module(mod)
+    except ModuleNotFoundError as e:
+        raise ConfigError(f"provider {name!r}: its module {mod!r} cannot be imported ({e})",
+                          hint="is the package that provides it installed?", field="provider") from None
+    klass: type[Provider] = getattr(module, cls)
+    return klass
+
 
 def get_provider(name: str, store: StateStore, report: Reporter | None = None) -> Provider:
     from gtrain.events import SILENT
 
-    target = REGISTRY.get(name)
-    if target is None:
-        raise ConfigError(
-            f"provider {name!r} is not available in this version of gtrain",
-            hint=f"available: {', '.join(sorted(REGISTRY))}",
-            field="provider",
-        )
-    mod, cls = target.split(":")
-    klass = getattr(importlib.import_module(mod), cls)
-    return klass(store, report or SILENT)  # type: ignore[no-any-return]
+    return provider_class(name)(store, report or SILENT)
+

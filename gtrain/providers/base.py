@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from gtrain.events import SILENT, Reporter
 
 if TYPE_CHECKING:  # kept off the import path of `gtrain status` (pydantic, runners)
+    from gtrain.jobs.backend import JobBackend
+    from gtrain.nodes import NodeRecord
     from gtrain.remote.base import Runner
     from gtrain.spec import ClusterSpec
     from gtrain.state import Cluster, CostInterval, StateStore
@@ -67,12 +69,41 @@ class IntervalCost:
     note: str | None = None
 
 
+@dataclass
+class Orphan:
+    region: str  # the region (AWS), zone or "global" (GCP) the resource lives in
+    cluster_id: str
+    kind: str
+    id: str
+
+
+@dataclass
+class GCResult:
+    regions: list[str]
+    orphans: list[Orphan] = field(default_factory=list)
+    deleted: bool = False
+    left: list[str] = field(default_factory=list)  # what still exists after deleting
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def clusters(self) -> list[str]:
+        return sorted({o.cluster_id for o in self.orphans})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"regions": self.regions, "clusters": self.clusters, "deleted": self.deleted,
+                "orphans": [asdict(o) for o in self.orphans], "left": self.left, "warnings": self.warnings}
+
+
 class Provider(ABC):
     name: ClassVar[str]
     #: the provider bills at least this many seconds per node interval (EC2 and GCE: 60)
     billing_minimum_s: ClassVar[float] = 0.0
     #: its nodes end themselves at policies.max_hours / max_cost_usd (the cost report bounds them by it)
     nodes_enforce_limits: ClassVar[bool] = False
+    #: it rents what it makes by the hour: `up` and `run` show the plan's price and ask before making it
+    confirms_cost: ClassVar[bool] = False
+    #: `gtrain gc` can sweep this provider; the word for what ``--region`` names there ("region", "zone")
+    gc_scope: ClassVar[str | None] = None
 
     def __init__(self, store: StateStore, report: Reporter = SILENT) -> None:
         self.store = store
@@ -102,6 +133,41 @@ class Provider(ABC):
     @abstractmethod
     def price(self, cluster: Cluster, interval: CostInterval) -> IntervalCost:
         """What one node interval cost (the $/h stored at start, the provider's billing rules)."""
+
+    # ---- capabilities with defaults (override where the provider differs) ---------------------------
+
+    def job_backend(self, cluster: Cluster) -> JobBackend:
+        """How jobs run on this cluster. Default: node scripts started over the provider's runners."""
+        from gtrain.jobs.nodescript import NodeScriptBackend
+
+        return NodeScriptBackend(self, cluster)
+
+    def node_records(self, cluster: Cluster) -> list[NodeRecord]:
+        return self.store.node_records(cluster.id)
+
+    def interactive_argv(self, cluster: Cluster, node: NodeRecord) -> tuple[list[str], str | None]:
+        """The argv (and cwd) of an interactive shell on ``node``: ``ssh -F $GTRAIN_HOME/ssh/config
+        <cluster>-<rank>`` for a node reached over SSH, else a login shell in the node's directory."""
+        import os
+
+        if node.ssh is not None:
+            from gtrain.remote.sshconfig import config_path
+
+            return ["ssh", "-F", str(config_path(self.store)), f"{cluster.name}-{node.rank}"], None
+        return [os.environ.get("SHELL", "bash"), "-l"], node.root or node.instance_id
+
+    def ended_at(self, cluster: Cluster) -> dict[int, float]:
+        """Nodes that ended on their own (a time or cost limit the nodes enforce themselves): rank -> the
+        latest moment each can have run, so the cost report does not bill them up to ``down``."""
+        return {}
+
+    def gc(self, regions: list[str] | None, live_cluster_ids: set[str], delete: bool,
+           **options: str | None) -> GCResult:
+        """Find (and with ``delete``, remove) what this provider's tags say gtrain made and no live cluster
+        owns. Only providers with a ``gc_scope`` have anything to sweep."""
+        from gtrain.errors import ConfigError
+
+        raise ConfigError(f"--provider {self.name}: gtrain gc has nothing to sweep there", field="--provider")
 
     # ---- shared helpers ------------------------------------------------------------------------
 

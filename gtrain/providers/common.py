@@ -29,7 +29,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gtrain.errors import CapacityError, ConfigError, GtrainError, ProviderError, QuotaError, RemoteError
+from gtrain.providers.base import GCResult as GCResult  # noqa: F401 - moved to base; re-exported until callers move
 from gtrain.providers.base import IntervalCost
+from gtrain.providers.base import Orphan as Orphan  # noqa: F401
 from gtrain.state import gtrain_home
 
 if TYPE_CHECKING:
@@ -359,34 +361,6 @@ def wait_ssh(cluster: Cluster, store: StateStore, report: Reporter, lock: Any, *
                                       meta={**n.meta, "node_address": addr})
     if errors:
         raise RemoteError("nodes are running but not reachable over SSH:\n" + "\n".join(errors), hint=hint)
-
-
-# ---------------------------------------------------------------------------------------------- gc
-
-
-@dataclass
-class Orphan:
-    region: str  # the region (AWS), zone or "global" (GCP) the resource lives in
-    cluster_id: str
-    kind: str
-    id: str
-
-
-@dataclass
-class GCResult:
-    regions: list[str]
-    orphans: list[Orphan] = field(default_factory=list)
-    deleted: bool = False
-    left: list[str] = field(default_factory=list)  # what still exists after deleting
-    warnings: list[str] = field(default_factory=list)
-
-    @property
-    def clusters(self) -> list[str]:
-        return sorted({o.cluster_id for o in self.orphans})
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"regions": self.regions, "clusters": self.clusters, "deleted": self.deleted,
-                "orphans": [asdict(o) for o in self.orphans], "left": self.left, "warnings": self.warnings}
 
 
 # ---------------------------------------------------------------------------------------------- the ledger

@@ -1,0 +1,186 @@
+"""The job seam: how a job runs on a cluster, whatever runs it.
+
+Shaped like TorchX's ``Scheduler``: :meth:`JobBackend.dryrun` materialises everything the job would run (the
+per-node scripts, or a batch request) as a printable :class:`JobPlan`; :meth:`~JobBackend.submit` runs exactly
+that plan; :meth:`~JobBackend.describe` says where the job is, per node and per rank, in one state enum;
+:meth:`~JobBackend.log_iter` streams one node's (or rank's) output; :meth:`~JobBackend.cancel` stops it.
+
+The default backend, :class:`gtrain.jobs.nodescript.NodeScriptBackend`, starts detached node scripts over
+the provider's runners (local, ssh, aws, gcp). A scheduler (Slurm) implements this interface instead and is
+handed out by its provider's ``Provider.job_backend(cluster)``; nothing above this layer knows which backend
+it talks to.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gtrain.providers.base import Provider
+    from gtrain.spec import ClusterSpec
+    from gtrain.state import Cluster
+    from gtrain.state import Job as JobRecord
+
+
+class JobState(enum.StrEnum):
+    """Where a job (or one node's part of it, or one rank) is. The stored job status is its value."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    PREEMPTED = "preempted"
+    UNKNOWN = "unknown"
+
+    @property
+    def terminal(self) -> bool:
+        return self in _TERMINAL
+
+    @classmethod
+    def parse(cls, value: object) -> JobState:
+        """A state from a node's or a scheduler's word for it; what is not known maps to UNKNOWN."""
+        try:
+            return cls(str(value))
+        except ValueError:
+            return NODE_STATES.get(str(value), cls.UNKNOWN)
+
+
+_TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED})
+
+#: the node scripts' own words (``JOB/state.json`` and what gtrain says of a node it cannot ask)
+NODE_STATES: Mapping[str, JobState] = {
+    "starting": JobState.PENDING,
+    "setup": JobState.PENDING,
+    "missing": JobState.FAILED,
+    "unreachable": JobState.UNKNOWN,
+}
+
+
+@dataclass
+class RankStatus:
+    rank: int  # global rank
+    state: JobState
+    exit_code: int | None = None
+    ended_at: float | None = None  # epoch seconds the rank exited
+
+
+@dataclass
+class NodeJobStatus:
+    """One node's part of a job."""
+
+    node: int
+    state: JobState
+    exit_code: int | None = None
+    #: the node's own word for where it is (``missing``, ``unreachable``, a scheduler's state name)
+    detail: str = ""
+    error: str | None = None
+    ranks: list[RankStatus] = field(default_factory=list)
+    #: the node's launcher died and left workers running (they are ended by :meth:`JobBackend.cancel`)
+    orphans: bool = False
+    #: the backend's raw record of the node, kept in the job's info for `status --json`
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class JobDescription:
+    job_id: str
+    state: JobState
+    exit_code: int | None
+    nodes: list[NodeJobStatus] = field(default_factory=list)
+    #: why it is where it is, in words (a scheduler's pending reason, the failing node)
+    reason: str = ""
+
+
+@dataclass
+class JobRequest:
+    """What to run: the validated spec's job on a cluster, under a job id."""
+
+    cluster: Cluster
+    spec: ClusterSpec
+    job_id: str
+    #: local folder synced to the nodes as the job's working directory
+    workdir: str
+
+
+@dataclass
+class JobPlan:
+    """Everything :meth:`JobBackend.submit` will run, materialised: printable by ``launch --dry-run`` and
+    run exactly as printed."""
+
+    request: JobRequest
+    #: node -> file name -> its text (the rendered scripts, or a batch script under node 0)
+    files: dict[int, dict[str, str]] = field(default_factory=dict)
+    #: what the job record keeps (rendezvous address, processes per node, checkpoint folder, ...)
+    info: dict[str, Any] = field(default_factory=dict)
+    #: backend state carried from dryrun to submit (runners, contexts); never printed
+    private: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def job_id(self) -> str:
+        return self.request.job_id
+
+    def render(self) -> str:
+        """The plan as text: each file under a header naming its node."""
+        out: list[str] = []
+        for node in sorted(self.files):
+            for name, text in self.files[node].items():
+                out.append(f"# ---- node {node}: {name} ----\n{text}")
+        return "\n".join(out)
+
+
+@dataclass
+class LogLine:
+    node: int
+    rank: int | None  # None: the node's own output (setup, the launcher agent)
+    text: str
+
+
+@dataclass
+class NodeEnded:
+    """The last item of a followed node's stream: its part of the job is over, in ``state``."""
+
+    node: int
+    state: JobState
+
+
+class JobBackend(ABC):
+    """How jobs run on one cluster. Made by ``Provider.job_backend(cluster)``."""
+
+    #: the backend's name (``node-script``, ``slurm``), shown by `status` and stored with each job
+    name: str = "job-backend"
+
+    def __init__(self, provider: Provider, cluster: Cluster) -> None:
+        self.provider = provider
+        self.cluster = cluster
+
+    @abstractmethod
+    def dryrun(self, request: JobRequest) -> JobPlan:
+        """Materialise the job (scripts, batch request) without touching anything that runs it."""
+
+    @abstractmethod
+    def submit(self, plan: JobPlan, report: Any = None) -> str:
+        """Start exactly ``plan``; returns the job id. On failure nothing of the job is left running."""
+
+    @abstractmethod
+    def describe(self, job: JobRecord) -> JobDescription:
+        """Where the job is now, per node and per rank, asked of whatever runs it (never only of state)."""
+
+    @abstractmethod
+    def log_iter(self, job: JobRecord, node: int, rank: int | None = None, *, follow: bool = False,
+                 tail: int | None = None, since: int = 0) -> Iterator[LogLine | NodeEnded]:
+        """One node's output lines (only ``rank``'s when given): its last ``tail`` lines, or from line
+        ``since`` on. With ``follow``, go on until the node's part of the job has ended, then yield one
+        :class:`NodeEnded`."""
+
+    @abstractmethod
+    def cancel(self, job: JobRecord, nodes: list[int] | None = None, grace_s: float = 10) -> None:
+        """Stop the job (on ``nodes`` only, when given) and everything it started; idempotent."""
+
+    @property
+    def num_nodes(self) -> int:
+        return self.cluster.num_nodes
