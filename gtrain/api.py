@@ -24,9 +24,11 @@ from gtrain.events import SILENT, Reporter
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from gtrain.cluster import Context, DownResult, UpResult
+    from gtrain.cluster import DownResult, UpResult
+    from gtrain.context import Context
     from gtrain.costs.report import CostReport
-    from gtrain.jobs.lifecycle import LaunchResult, LogLine
+    from gtrain.jobs.backend import LogLine
+    from gtrain.jobs.launch import LaunchResult
     from gtrain.spec import ClusterSpec
     from gtrain.state import Job
     from gtrain.sync.pull import PullResult
@@ -35,7 +37,7 @@ SpecLike = "ClusterSpec | str | os.PathLike[str]"
 
 
 def _ctx(report: Reporter | None) -> Context:
-    from gtrain.cluster import Context
+    from gtrain.context import Context
 
     return Context(report=report or SILENT)
 
@@ -48,12 +50,15 @@ def _spec(spec: Any, name: str | None = None) -> ClusterSpec:
     return load_spec(spec, name=name)
 
 
-def up(spec: Any, *, name: str | None = None, dry_run: bool = False, report: Reporter | None = None) -> UpResult:
+def up(spec: Any, *, name: str | None = None, dry_run: bool = False, keep_failed: bool = False,
+       recreate: bool = False, report: Reporter | None = None) -> UpResult:
+    """Provision the cluster. A failed or interrupted up deletes what it made unless ``keep_failed``; a
+    cluster that is up with another shape is refused unless ``recreate`` (down, then up)."""
     from gtrain import cluster
 
     ctx = _ctx(report)
     try:
-        return cluster.up(_spec(spec, name), ctx, dry_run=dry_run)
+        return cluster.up(_spec(spec, name), ctx, dry_run=dry_run, keep_failed=keep_failed, recreate=recreate)
     finally:
         ctx.store.close()
 
@@ -61,7 +66,7 @@ def up(spec: Any, *, name: str | None = None, dry_run: bool = False, report: Rep
 def launch(spec: Any = None, *, cluster: str | None = None, name: str | None = None, force: bool = False,
            dry_run: bool = False, report: Reporter | None = None) -> LaunchResult:
     from gtrain.errors import ConfigError
-    from gtrain.jobs import lifecycle as jobs
+    from gtrain.jobs import launch as jobs
 
     ctx = _ctx(report)
     try:
@@ -73,6 +78,11 @@ def launch(spec: Any = None, *, cluster: str | None = None, name: str | None = N
         c = ctx.cluster(cname)
         if parsed is None:
             parsed = ctx.spec_of(c)
+        elif (parsed.provider, parsed.num_nodes) != (c.provider, c.num_nodes):
+            raise ConfigError(
+                f"num_nodes: the spec asks for {parsed.num_nodes} {parsed.provider} node(s), cluster {c.name!r} has "
+                f"{c.num_nodes} {c.provider} node(s)", field="num_nodes",
+                hint="`gtrain up --recreate` to reshape it, or launch with the spec it was made from")
         return jobs.launch(c, parsed, ctx, force=force, dry_run=dry_run)
     finally:
         ctx.store.close()
@@ -81,13 +91,21 @@ def launch(spec: Any = None, *, cluster: str | None = None, name: str | None = N
 def logs(cluster: str, *, job_id: str | None = None, follow: bool = False, tail: int | None = None,
          node: int | None = None, rank: int | None = None, on_line: Callable[[LogLine], None] | None = None,
          report: Reporter | None = None) -> Job:
-    from gtrain.jobs import lifecycle as jobs
+    from gtrain.errors import ConfigError
+    from gtrain.jobs.follow import follow as follow_job
+    from gtrain.jobs.status import resolve_job
 
     ctx = _ctx(report)
     try:
         c = ctx.cluster(cluster)
-        job = jobs.resolve_job(c, ctx, job_id)
-        return jobs.follow(c, job, ctx, on_line or (lambda _line: None), follow=follow, tail=tail,
+        if node is not None and not 0 <= node < c.num_nodes:
+            raise ConfigError(f"--node {node}: cluster {cluster} has nodes 0..{c.num_nodes - 1}", field="--node")
+        if rank is not None and rank < 0:
+            raise ConfigError(f"--rank {rank}: ranks count from 0", field="--rank")
+        if tail is not None and tail < 0:
+            raise ConfigError(f"--tail {tail}: give a number of lines, 0 or more", field="--tail")
+        job = resolve_job(c, ctx, job_id)
+        return follow_job(c, job, ctx, on_line or (lambda _line: None), follow=follow, tail=tail,
                            nodes=None if node is None else [node], rank=rank)
     finally:
         ctx.store.close()
@@ -102,7 +120,7 @@ def wait(cluster: str, *, job_id: str | None = None, on_line: Callable[[LogLine]
 def pull(cluster: str, *, job_id: str | None = None, to: str | os.PathLike[str] | None = None,
          node: int | None = None, report: Reporter | None = None) -> PullResult:
     from gtrain.errors import ConfigError
-    from gtrain.jobs import lifecycle as jobs
+    from gtrain.jobs.status import resolve_job
     from gtrain.sync.pull import pull_dir
 
     ctx = _ctx(report)
@@ -111,7 +129,7 @@ def pull(cluster: str, *, job_id: str | None = None, to: str | os.PathLike[str] 
         runners = ctx.runners(c)
         if node is not None and not 0 <= node < len(runners):
             raise ConfigError(f"--node {node}: cluster {cluster} has nodes 0..{len(runners) - 1}", field="--node")
-        job = ctx.store.latest_job(c.id) if job_id is None else jobs.resolve_job(c, ctx, job_id)
+        job = ctx.store.latest_job(c.id) if job_id is None else resolve_job(c, ctx, job_id)
         if job is not None:
             ckpt = str(job.info.get("checkpoint_dir") or "checkpoints")
         else:
@@ -178,7 +196,7 @@ def run(spec: Any, *, name: str | None = None, keep: bool = False, to: str | os.
     """up + launch + wait + pull + down. The cluster is torn down whatever happens (unless ``keep``),
     Ctrl+C included, so nothing is left running that nobody watches."""
     from gtrain.errors import GtrainError
-    from gtrain.jobs.lifecycle import check_job
+    from gtrain.jobs.launch import check_job
 
     parsed = _spec(spec, name)
     check_job(parsed)  # bad workdir / script / secrets: exit 2 before anything is created
@@ -196,17 +214,56 @@ def run(spec: Any, *, name: str | None = None, keep: bool = False, to: str | os.
         except GtrainError as e:
             res.errors.append(f"pull: {e.message}")
             rep.warn(res.errors[-1])
-    finally:
+    except KeyboardInterrupt as exc:  # Ctrl+C, SIGTERM, SIGHUP: tear down, and say what it cost
+        res.status = "interrupted"
         if not keep and (created or res.job_id):
+            rep.warn("interrupted: tearing the cluster down")
+            res.down = down(parsed.name, report=rep)
+        exc.run_result = res  # type: ignore[attr-defined]  # the CLI prints the cost report from it
+        raise
+    finally:
+        if not keep and (created or res.job_id) and res.down is None and res.status != "interrupted":
             res.down = down(parsed.name, report=rep)
     return res
+
+
+@dataclass
+class CancelResult:
+    cluster: str
+    job_id: str
+    status: str
+    exit_code: int | None
+    was_running: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cluster": self.cluster, "job_id": self.job_id, "status": self.status, "exit_code": self.exit_code,
+                "was_running": self.was_running}
+
+
+def cancel(cluster: str, *, job_id: str | None = None, report: Reporter | None = None) -> CancelResult:
+    """Stop a job (default: the cluster's newest) and everything it started; the cluster stays up, and so do
+    its checkpoints. Cancelling a job that has ended changes nothing (``was_running`` is False)."""
+    from gtrain.jobs.status import cancel_job, refresh_job, resolve_job
+    from gtrain.state import TERMINAL_JOB
+
+    ctx = _ctx(report)
+    try:
+        c = ctx.cluster(cluster)
+        job = refresh_job(c, resolve_job(c, ctx, job_id), ctx, act=False)
+        was_running = job.status not in TERMINAL_JOB
+        if was_running:
+            ctx.report.info(f"cancelling {job.id}")
+            job = cancel_job(c, job, ctx)
+        return CancelResult(c.name, job.id, job.status, job.exit_code, was_running)
+    finally:
+        ctx.store.close()
 
 
 def exec_command(cluster: str, command: str, *, node: int | None = None,
                  on_line: Callable[[LogLine], None] | None = None, report: Reporter | None = None) -> dict[int, int]:
     """Run a shell command on every node (or one), in parallel, streaming lines. Returns node -> exit code."""
     from gtrain.errors import ConfigError, GtrainError
-    from gtrain.jobs.lifecycle import LogLine
+    from gtrain.jobs.backend import LogLine
     from gtrain.remote.fanout import parallel
 
     ctx = _ctx(report)
@@ -217,11 +274,28 @@ def exec_command(cluster: str, command: str, *, node: int | None = None,
             raise ConfigError(f"--node {node}: cluster {cluster} has nodes 0..{len(runners) - 1}", field="--node")
         picked = list(range(len(runners))) if node is None else [node]
         emit = on_line or (lambda _line: None)
+        job = ctx.store.latest_job(c.id)
+        ckpt = str(job.info.get("checkpoint_dir")) if job and job.info.get("checkpoint_dir") else None
+        if ckpt is None:
+            spec = ctx.spec_of(c)
+            ckpt = spec.job.checkpoint_dir if spec.job else "checkpoints"
+        addrs = [r.address for r in runners]
+
+        def node_env(i: int) -> str:
+            """The node's part of the env contract (docs/spec.md), as the job's ranks see it."""
+            root = runners[i].root
+            env = {"GTRAIN_CLUSTER": c.name, "GTRAIN_NODE_RANK": str(i), "GTRAIN_NUM_NODES": str(len(runners)),
+                   "GTRAIN_NODE_IPS": ",".join(addrs), "GTRAIN_MASTER_ADDR": addrs[0],
+                   "GTRAIN_WORKDIR": f"{root}/workdir", "GTRAIN_CHECKPOINT_DIR": f"{root}/workdir/{ckpt}"}
+            if job is not None:
+                env["GTRAIN_JOB_ID"] = job.id
+            return "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items())
 
         def one(i: int) -> int:
             try:
-                return runners[i].stream(f"cd {shlex.quote(runners[i].root)}/workdir 2>/dev/null; {command}",
-                                         lambda text: emit(LogLine(i, None, text)))
+                return runners[i].stream(
+                    f"{node_env(i)}cd {shlex.quote(runners[i].root)}/workdir 2>/dev/null; {command}",
+                    lambda text: emit(LogLine(i, None, text)))
             except GtrainError as e:
                 ctx.report.warn(f"node {i}: {e.message}")
                 return 255
@@ -232,20 +306,17 @@ def exec_command(cluster: str, command: str, *, node: int | None = None,
 
 
 def shell_argv(cluster: str, *, node: int = 0) -> tuple[list[str], str | None]:
-    """The argv (and cwd) of an interactive shell on a node: ``ssh -F $GTRAIN_HOME/ssh/config <cluster>-<k>``
-    for nodes reached over SSH, a login shell in the node's directory for local nodes."""
+    """The argv (and cwd) of an interactive shell on a node, as its provider reaches it
+    (``Provider.interactive_argv``): ``ssh -F $GTRAIN_HOME/ssh/config <cluster>-<k>`` for SSH nodes, a login
+    shell in the node's directory for local ones."""
     from gtrain.errors import ConfigError
-    from gtrain.remote.sshconfig import config_path
 
     ctx = _ctx(None)
     try:
         c = ctx.cluster(cluster)
-        nodes = ctx.store.nodes(c.id)
+        nodes = ctx.nodes(c)
         if not 0 <= node < len(nodes):
             raise ConfigError(f"--node {node}: cluster {cluster} has nodes 0..{len(nodes) - 1}", field="--node")
-        n = nodes[node]
-        if n.meta.get("ssh"):
-            return ["ssh", "-F", str(config_path(ctx.store)), f"{cluster}-{node}"], None
-        return [os.environ.get("SHELL", "bash"), "-l"], n.instance_id
+        return ctx.provider(c.provider).interactive_argv(c, nodes[node])
     finally:
         ctx.store.close()

@@ -6,44 +6,16 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gtrain.context import Context
 from gtrain.costs.report import CostReport, cluster_cost
-from gtrain.errors import ClusterNotFound, GtrainError
-from gtrain.events import SILENT, Reporter
-from gtrain.providers import get_provider
+from gtrain.errors import ClusterNotFound, ConfigError, GtrainError
 from gtrain.state import Cluster, StateStore
 
 if TYPE_CHECKING:
     from gtrain.providers.base import Plan, Provider
-    from gtrain.remote.base import Runner
     from gtrain.spec import ClusterSpec
 
-
-@dataclass
-class Context:
-    """One object carried through a command: the state store and the reporter."""
-
-    store: StateStore = field(default_factory=StateStore)
-    report: Reporter = SILENT
-    _providers: dict[str, Provider] = field(default_factory=dict)
-
-    def provider(self, name: str) -> Provider:
-        if name not in self._providers:
-            self._providers[name] = get_provider(name, self.store, self.report)
-        return self._providers[name]
-
-    def cluster(self, name: str) -> Cluster:
-        c = self.store.find_cluster(name)
-        if c is None or c.status == "terminated":
-            raise ClusterNotFound(name)
-        return c
-
-    def runners(self, cluster: Cluster) -> list[Runner]:
-        return self.provider(cluster.provider).runners(cluster)
-
-    def spec_of(self, cluster: Cluster) -> ClusterSpec:
-        from gtrain.spec import parse_spec
-
-        return parse_spec(cluster.spec, base_dir=cluster.extra.get("base_dir"))
+__all__ = ["Context", "DownResult", "UpResult", "down", "status", "up"]
 
 
 @dataclass
@@ -62,54 +34,104 @@ class UpResult:
         }
 
 
-def up(spec: ClusterSpec, ctx: Context, *, dry_run: bool = False) -> UpResult:
+def up(spec: ClusterSpec, ctx: Context, *, dry_run: bool = False, keep_failed: bool = False,
+       recreate: bool = False) -> UpResult:
+    """Provision the spec's cluster. An up that fails (or is interrupted) deletes what it made unless
+    ``keep_failed``; an existing cluster whose shape differs from the spec is refused unless ``recreate``."""
+    from gtrain.locks import cluster_lock
+
     provider = ctx.provider(spec.provider)
     plan = provider.plan(spec)  # raises ConfigError before anything is made
     if dry_run:
         return UpResult(plan, None, False)
-    existing = ctx.store.find_cluster(spec.name)
-    if existing is not None and existing.status == "up":
-        if existing.provider != spec.provider or existing.num_nodes != spec.num_nodes:
-            raise GtrainError(
-                f"cluster {spec.name!r} is already up with {existing.num_nodes} {existing.provider} node(s)",
-                hint=f"`gtrain down {spec.name}` first, or pick another --name",
+    with cluster_lock(ctx.store.home, spec.name, "up"):
+        existing = ctx.store.find_cluster(spec.name)
+        if existing is not None and existing.status == "up":
+            changed = spec_changes(existing.spec, spec.to_yaml_dict())
+            if not changed:
+                ctx.report.info(f"cluster {spec.name} is already up")
+                return UpResult(plan, existing, False)
+            if not recreate:
+                raise ConfigError(
+                    f"cluster {spec.name!r} is up with another shape: " + "; ".join(changed),
+                    hint=f"`gtrain up --recreate` replaces its nodes (`gtrain down {spec.name}` + up), "
+                         "or pick another --name", field=changed[0].split(":", 1)[0])
+            ctx.report.info(f"recreating {spec.name}: " + "; ".join(changed))
+            down(spec.name, ctx)
+            existing = ctx.store.find_cluster(spec.name)
+        if existing is not None and existing.status != "terminated":
+            cluster = existing  # an interrupted up (kept with --keep-failed): provisioning is idempotent
+            ctx.report.info(f"resuming provisioning of {spec.name} (was {existing.status})")
+        else:
+            cluster = ctx.store.create_cluster(
+                name=spec.name, provider=spec.provider, num_nodes=spec.num_nodes, spec=spec.to_yaml_dict(),
+                region=plan.region, instance_type=plan.instance_type, market=plan.market,
+                price_per_hour=plan.price_per_hour, extra={"base_dir": spec.base_dir, "plan": plan.to_dict()},
             )
-        ctx.report.info(f"cluster {spec.name} is already up")
-        return UpResult(plan, existing, False)
-    if existing is not None and existing.status != "terminated":
-        cluster = existing  # an interrupted up: provisioning is idempotent, make what is missing
-        ctx.report.info(f"resuming provisioning of {spec.name} (was {existing.status})")
-    else:
-        cluster = ctx.store.create_cluster(
-            name=spec.name, provider=spec.provider, num_nodes=spec.num_nodes, spec=spec.to_yaml_dict(),
-            region=plan.region, instance_type=plan.instance_type, market=plan.market,
-            price_per_hour=plan.price_per_hour, extra={"base_dir": spec.base_dir, "plan": plan.to_dict()},
-        )
-    ctx.report.info(f"provisioning {plan.num_nodes} {plan.provider} node(s) for {spec.name}")
-    started = time.time()
-    try:
-        provider.provision(spec, cluster, plan)
-    except BaseException:
-        if not ctx.store.resources(cluster.id, live_only=True) and not ctx.store.nodes(cluster.id):
-            # nothing was made: leave nothing behind, the name is free again
-            ctx.store.update_cluster(cluster.id, status="terminated", terminated_at=time.time())
-        else:  # what was made is in state (and in tags): `gtrain down` removes it, `gtrain up` resumes
-            ctx.store.update_cluster(cluster.id, status="failed")
-            _open_intervals(ctx.store, cluster, plan, started)
-        raise
+        ctx.report.info(f"provisioning {plan.num_nodes} {plan.provider} node(s) for {spec.name}")
+        started = time.time()
+        try:
+            provider.provision(spec, cluster, plan)
+        except (Exception, KeyboardInterrupt) as exc:
+            _failed_up(ctx, provider, cluster, plan, started, keep=keep_failed, why=exc)
+            raise
+        except BaseException:  # a crash-like exit (not an error, not a signal): state and tags tell what was made
+            _failed_up(ctx, provider, cluster, plan, started, keep=True, why=None)
+            raise
+        _open_intervals(ctx.store, cluster, plan, started)
+        ctx.store.update_cluster(cluster.id, status="up")
+        return UpResult(plan, ctx.store.get_cluster_by_id(cluster.id), True)
+
+
+def _failed_up(ctx: Context, provider: Provider, cluster: Cluster, plan: Plan, started: float, *, keep: bool,
+               why: BaseException | None) -> None:
+    from gtrain import signals
+
+    if not ctx.store.resources(cluster.id, live_only=True) and not ctx.store.nodes(cluster.id):
+        # nothing was made: leave nothing behind, the name is free again
+        ctx.store.update_cluster(cluster.id, status="terminated", terminated_at=time.time())
+        return
     _open_intervals(ctx.store, cluster, plan, started)
-    ctx.store.update_cluster(cluster.id, status="up")
-    return UpResult(plan, ctx.store.get_cluster_by_id(cluster.id), True)
+    ctx.store.update_cluster(cluster.id, status="failed")
+    if keep:  # what was made is in state (and in tags): `gtrain down` removes it, `gtrain up` resumes
+        if why is not None:
+            ctx.report.warn(f"up failed; its nodes are kept (--keep-failed): `gtrain down {cluster.name}` deletes "
+                            f"them, `gtrain up` again resumes")
+        return
+    what = "interrupted" if isinstance(why, KeyboardInterrupt) else "failed"
+    ctx.report.warn(f"up {what}: deleting what it made (--keep-failed keeps it for a look)")
+    with signals.deferred(lambda _s: ctx.report.warn("still deleting what up made; nothing is left half-deleted")):
+        _teardown(ctx, provider, cluster)
+
+
+def spec_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """What makes a cluster different (everything but the job): ``path: old -> new``, one per leaf."""
+    out: list[str] = []
+
+    def walk(a: Any, b: Any, path: str) -> None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in sorted(set(a) | set(b)):
+                walk(a.get(k), b.get(k), f"{path}.{k}" if path else str(k))
+        elif a != b:
+            out.append(f"{path}: {a!r} -> {b!r}")
+
+    walk({k: v for k, v in old.items() if k not in _NOT_SHAPE}, {k: v for k, v in new.items() if k not in _NOT_SHAPE},
+         "")
+    return out
+
+
+#: spec sections that do not shape the nodes: a new job or name needs no new cluster
+_NOT_SHAPE = ("job", "name")
 
 
 def _open_intervals(store: StateStore, cluster: Cluster, plan: Plan, started: float) -> None:
     have = {i.node_rank for i in store.intervals(cluster.id) if i.stopped_at is None}
-    for node in store.nodes(cluster.id):
+    for node in store.node_records(cluster.id):
         if node.rank in have or node.status in ("terminated", "deleted"):
             continue
         store.open_interval(cluster.id, node.rank, instance_type=plan.instance_type, market=plan.market,
                             price_per_hour=plan.price_per_hour,
-                            started_at=float(node.meta.get("launched_at", started)))
+                            started_at=node.launched_at if node.launched_at is not None else started)
 
 
 @dataclass
@@ -125,7 +147,10 @@ class DownResult:
 
 
 def down(name: str, ctx: Context) -> DownResult:
-    from gtrain.jobs.lifecycle import cancel_active_jobs
+    """Stop the cluster's jobs and delete everything it has; idempotent. Signals that arrive meanwhile are
+    raised after the teardown, never in the middle of it."""
+    from gtrain import signals
+    from gtrain.locks import cluster_lock
 
     cluster = ctx.store.find_cluster(name)
     if cluster is None:
@@ -133,6 +158,18 @@ def down(name: str, ctx: Context) -> DownResult:
     provider = ctx.provider(cluster.provider)
     if cluster.status == "terminated":
         return DownResult(name, True, cluster_cost(ctx.store, cluster, provider))
+    with cluster_lock(ctx.store.home, name, "down"), \
+            signals.deferred(lambda _s: ctx.report.warn("finishing the teardown first: nothing is left "
+                                                        "half-deleted")):
+        warnings = _teardown(ctx, provider, cluster)
+        cluster = ctx.store.get_cluster_by_id(cluster.id)
+        report = cluster_cost(ctx.store, cluster, provider, persist=True)
+    return DownResult(name, False, report, warnings)
+
+
+def _teardown(ctx: Context, provider: Provider, cluster: Cluster) -> list[str]:
+    from gtrain.jobs.status import cancel_active_jobs
+
     warnings: list[str] = []
     ctx.store.update_cluster(cluster.id, status="terminating")
     try:
@@ -140,8 +177,8 @@ def down(name: str, ctx: Context) -> DownResult:
     except GtrainError as e:  # an unreachable node must not keep us from deleting what costs money
         warnings.append(f"could not stop jobs cleanly: {e.message}")
         ctx.report.warn(warnings[-1])
-    ended = _ended_by_their_limit(cluster, provider, ctx)
-    ctx.report.info(f"terminating {cluster.num_nodes} node(s) of {name}")
+    ended = _ended_on_their_own(cluster, provider, ctx)
+    ctx.report.info(f"terminating {cluster.num_nodes} node(s) of {cluster.name}")
     provider.terminate(cluster)
     now = time.time()
     for rank, at in ended.items():
@@ -149,39 +186,18 @@ def down(name: str, ctx: Context) -> DownResult:
     ctx.store.close_intervals(cluster.id, at=now)
     ctx.store.set_nodes_status(cluster.id, "terminated")
     ctx.store.update_cluster(cluster.id, status="terminated", terminated_at=now)
-    cluster = ctx.store.get_cluster_by_id(cluster.id)
-    report = cluster_cost(ctx.store, cluster, provider, persist=True)
-    return DownResult(name, False, report, warnings)
+    return warnings
 
 
-_GONE = ("terminated", "preempted", "missing", "stopped")
-
-
-def _ended_by_their_limit(cluster: Cluster, provider: Provider, ctx: Context) -> dict[int, float]:
-    """Nodes of a cloud cluster with a time or cost limit (which the nodes enforce themselves) that are gone
-    by the time of ``down``: rank -> the latest moment each can have run (its start + its lifetime + a minute
-    for the shutdown), so the cost report does not bill them up to ``down``."""
-    from gtrain.providers.common import lifetime_s
-    from gtrain.spec import Policies
-
-    if not provider.nodes_enforce_limits:
-        return {}
+def _ended_on_their_own(cluster: Cluster, provider: Provider, ctx: Context) -> dict[int, float]:
+    """Nodes that ended on their own (a limit the nodes enforce): rank -> the latest moment each ran."""
     try:
-        policies = Policies.model_validate(cluster.spec.get("policies") or {})
-    except ValueError:
-        return {}
-    life = lifetime_s(policies, cluster.num_nodes, cluster.price_per_hour or None)
-    if life is None:
-        return {}
-    try:
-        gone = {s.rank: s.status for s in provider.describe(cluster) if s.status in _GONE}
+        out = provider.ended_at(cluster)
     except GtrainError as e:
         ctx.report.warn(f"could not ask which nodes ended on their own ({e.message}); billing them until now")
         return {}
-    starts = {i.node_rank: i.started_at for i in ctx.store.intervals(cluster.id) if i.stopped_at is None}
-    out = {rank: starts[rank] + life + 60 for rank in gone if rank in starts}
     for rank in sorted(out):
-        ctx.report.info(f"node {rank} had already ended ({gone[rank]}); billed up to its time limit at most")
+        ctx.report.info(f"node {rank} had already ended on its own; billed up to its time limit at most")
     return out
 
 
@@ -196,9 +212,9 @@ def status(ctx: Context, name: str | None = None, *, refresh: bool = True) -> li
     for c in clusters:
         job = ctx.store.latest_job(c.id)
         if job is not None and name is not None and refresh and c.status == "up":
-            from gtrain.jobs.lifecycle import refresh_job
+            from gtrain.jobs.status import refresh_job
 
-            job = refresh_job(c, job, ctx)
+            job = refresh_job(c, job, ctx, act=False)  # read-only: reports, never stops anything
         jobs = ctx.store.jobs(c.id) if name is not None else ([job] if job else [])
         live: dict[int, Any] = {}
         if name is not None and refresh and c.status == "up":

@@ -96,7 +96,7 @@ CREATE INDEX IF NOT EXISTS cost_cluster ON cost_intervals(cluster_id);
 """
 
 LIVE = ("provisioning", "up", "terminating", "failed")
-TERMINAL_JOB = ("succeeded", "failed", "cancelled")
+TERMINAL_JOB = ("succeeded", "failed", "cancelled", "preempted")
 
 
 def gtrain_home() -> Path:

@@ -105,6 +105,8 @@ class JobRequest:
     job_id: str
     #: local folder synced to the nodes as the job's working directory
     workdir: str
+    #: the rendezvous port, once :meth:`JobBackend.reserve` has picked one (None in a dry run)
+    master_port: int | None = None
 
 
 @dataclass
@@ -146,6 +148,9 @@ class NodeEnded:
 
     node: int
     state: JobState
+    #: the backend's own word for the end (``succeeded``, ``missing``, ``unreachable``, ``TIMEOUT``)
+    detail: str = ""
+    error: str | None = None
 
 
 class JobBackend(ABC):
@@ -158,6 +163,11 @@ class JobBackend(ABC):
         self.provider = provider
         self.cluster = cluster
 
+    def reserve(self, request: JobRequest) -> JobRequest:
+        """Before a real submit: pick what the plan needs from the live cluster (a free rendezvous port).
+        A dry run skips this. Default: nothing to pick."""
+        return request
+
     @abstractmethod
     def dryrun(self, request: JobRequest) -> JobPlan:
         """Materialise the job (scripts, batch request) without touching anything that runs it."""
@@ -167,8 +177,9 @@ class JobBackend(ABC):
         """Start exactly ``plan``; returns the job id. On failure nothing of the job is left running."""
 
     @abstractmethod
-    def describe(self, job: JobRecord) -> JobDescription:
-        """Where the job is now, per node and per rank, asked of whatever runs it (never only of state)."""
+    def describe(self, job: JobRecord, nodes: list[int] | None = None) -> JobDescription:
+        """Where the job is now, per node and per rank (only ``nodes``' when given), asked of whatever runs it
+        (never only of the state database)."""
 
     @abstractmethod
     def log_iter(self, job: JobRecord, node: int, rank: int | None = None, *, follow: bool = False,

@@ -12,8 +12,15 @@ import json
 import zipfile
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gtrain.spec import DataEntry
+
+if TYPE_CHECKING:
+    from gtrain.events import Reporter
+    from gtrain.jobs.render import NodeContext
+    from gtrain.remote.base import Runner
+    from gtrain.spec import Job
 
 _MODULES = ("__init__.py", "errors.py", "sync/__init__.py", "sync/model.py", "sync/local.py", "sync/manifest.py",
             "sync/engine.py", "sync/objstore.py", "sync/s3.py", "sync/s3wire.py",
@@ -52,3 +59,34 @@ def bundle() -> bytes:
 
 def entries_json(entries: list[DataEntry], workdir: str) -> str:
     return json.dumps([{"src": e.src, "dst": f"{workdir}/{e.dst}", "delete": e.delete} for e in entries])
+
+
+def fetch_data(job: Job, runners: list[Runner], ctxs: list[NodeContext], secret_in: bytes, report: Reporter) -> None:
+    """Every node downloads job.data itself, in parallel, with its own credentials."""
+    import shlex
+
+    from gtrain.errors import RemoteCommandError, SyncError
+    from gtrain.jobs.render import render
+    from gtrain.remote.fanout import parallel
+
+    report.info(f"downloading {len(job.data)} dataset(s) on every node")
+
+    def one(i: int) -> None:
+        r, c = runners[i], ctxs[i]
+        bundle_path = f"{r.root}/gtrain-sync.pyz"
+        r.write_file(bundle_path, bundle(), 0o600)
+        script = render("data.sh", c, bundle=bundle_path, data_main=DATA_MAIN,
+                        data_json=entries_json(job.data, c.workdir))
+        r.write_file(f"{c.job_dir}/data.sh", script.encode(), 0o700)
+        res = r.run(f"bash {shlex.quote(c.job_dir)}/data.sh", stdin=secret_in, check=False, timeout=6 * 3600)
+        last = (res.stdout.strip().splitlines() or [""])[-1]
+        try:
+            doc = json.loads(last)
+        except ValueError:
+            raise RemoteCommandError(r.label, "job.data download", res.rc, res.stderr[-2000:]) from None
+        if "error" in doc:
+            raise SyncError(f"node {i}: job.data: {doc['error']}", hint=doc.get("hint"))
+        for d in doc["results"]:
+            report.node(i, f"{d['src']} -> {d['dst']}: {d['downloaded']} downloaded, {d['skipped']} unchanged")
+
+    parallel(one, list(range(len(runners))))

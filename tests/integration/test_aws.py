@@ -19,7 +19,7 @@ import pytest
 from botocore.awsrequest import AWSResponse
 
 from gtrain import cluster as core
-from gtrain.cluster import Context
+from gtrain.context import Context
 from gtrain.errors import CapacityError, ConfigError, QuotaError
 from gtrain.events import Reporter
 from gtrain.providers.aws import (

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gtrain import cluster as core
-from gtrain.cluster import Context
+from gtrain.context import Context
 from gtrain.errors import CapacityError, ConfigError, QuotaError
 from gtrain.providers.common import HOURS_PER_MONTH, key_path
 from gtrain.providers.gcp.api import compute_endpoint

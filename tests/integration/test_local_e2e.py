@@ -16,7 +16,7 @@ import pytest
 import gtrain
 from gtrain.errors import JobConflict
 from gtrain.events import Reporter
-from gtrain.jobs.lifecycle import LogLine
+from gtrain.jobs.backend import LogLine
 
 JOBS = Path(__file__).parent / "jobs"
 INJECT = '"; rm -rf ~ #'

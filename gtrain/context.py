@@ -1,0 +1,53 @@
+"""The one object carried through a command: the state store, the reporter, and the providers (and their job
+backends) made on first use. Core modules take a :class:`Context`; none of them makes its own store."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from gtrain.errors import ClusterNotFound
+from gtrain.events import SILENT, Reporter
+from gtrain.state import Cluster, StateStore
+
+if TYPE_CHECKING:
+    from gtrain.jobs.backend import JobBackend
+    from gtrain.nodes import NodeRecord
+    from gtrain.providers.base import Provider
+    from gtrain.remote.base import Runner
+    from gtrain.spec import ClusterSpec
+
+
+@dataclass
+class Context:
+    store: StateStore = field(default_factory=StateStore)
+    report: Reporter = SILENT
+    _providers: dict[str, Provider] = field(default_factory=dict)
+
+    def provider(self, name: str) -> Provider:
+        if name not in self._providers:
+            from gtrain.providers import get_provider
+
+            self._providers[name] = get_provider(name, self.store, self.report)
+        return self._providers[name]
+
+    def cluster(self, name: str) -> Cluster:
+        c = self.store.find_cluster(name)
+        if c is None or c.status == "terminated":
+            raise ClusterNotFound(name)
+        return c
+
+    def backend(self, cluster: Cluster) -> JobBackend:
+        """The job backend of ``cluster`` (node scripts over runners, or a scheduler's)."""
+        return self.provider(cluster.provider).job_backend(cluster)
+
+    def runners(self, cluster: Cluster) -> list[Runner]:
+        return self.provider(cluster.provider).runners(cluster)
+
+    def nodes(self, cluster: Cluster) -> list[NodeRecord]:
+        return self.provider(cluster.provider).node_records(cluster)
+
+    def spec_of(self, cluster: Cluster) -> ClusterSpec:
+        from gtrain.spec import parse_spec
+
+        return parse_spec(cluster.spec, base_dir=cluster.extra.get("base_dir"))

@@ -1,0 +1,75 @@
+"""Following a job's output: every node's (or rank's) lines, in the caller's thread, until the job ends.
+
+One reader per node (the backend's :meth:`~gtrain.jobs.backend.JobBackend.log_iter`) feeds one queue; when a
+node's part ends badly while others still run, the job is refreshed, which stops the rest (fail-fast) instead
+of leaving them in a collective.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from gtrain.jobs.backend import JobState, LogLine, NodeEnded
+from gtrain.jobs.status import refresh_job
+from gtrain.state import TERMINAL_JOB, Cluster
+from gtrain.state import Job as JobRecord
+
+if TYPE_CHECKING:
+    from gtrain.context import Context
+
+#: after a refresh found the job over, how long streams of nodes that are gone may stay open
+SETTLE_S = 10.0
+
+
+def follow(cluster: Cluster, job: JobRecord, ctx: Context, on_line: Callable[[LogLine], None], *,
+           follow: bool = True, tail: int | None = None, nodes: list[int] | None = None,
+           rank: int | None = None) -> JobRecord:
+    """Stream every node's and rank's lines to ``on_line``. With ``follow``, return when the job has ended
+    (everywhere), with its record refreshed."""
+    backend = ctx.backend(cluster)
+    picked = [i for i in range(cluster.num_nodes) if nodes is None or i in nodes]
+    q: queue.Queue[tuple[str, int, LogLine | NodeEnded | None]] = queue.Queue()
+
+    def pump(i: int) -> None:
+        try:
+            for item in backend.log_iter(job, i, rank, follow=follow, tail=tail):
+                q.put(("item", i, item))
+        finally:
+            q.put(("done", i, None))
+
+    threads = [threading.Thread(target=pump, args=(i,), daemon=True, name=f"gtrain-follow-{i}") for i in picked]
+    for t in threads:
+        t.start()
+    open_streams = set(picked)
+    ended: dict[int, NodeEnded] = {}
+    last_check = time.monotonic()
+    settled_at: float | None = None  # when a refresh found the job over while streams were still open
+    while open_streams:
+        if settled_at is not None and time.monotonic() - settled_at > SETTLE_S:
+            break  # streams of nodes that are gone never end by themselves
+        try:
+            kind, i, item = q.get(timeout=0.5)
+        except queue.Empty:
+            kind, i, item = "tick", -1, None
+        if isinstance(item, LogLine):
+            on_line(item)
+        elif isinstance(item, NodeEnded):
+            ended[i] = item
+            if item.error:
+                ctx.report.warn(f"node {i}: {item.error}")
+        elif kind == "done":
+            open_streams.discard(i)
+        # A node that ended badly while others still run: refresh (which stops the rest, see refresh_job).
+        if follow and ended and open_streams and time.monotonic() - last_check > 2:
+            last_check = time.monotonic()
+            if any(e.state is not JobState.SUCCEEDED for e in ended.values()):
+                job = refresh_job(cluster, ctx.store.get_job(job.id), ctx)
+                if job.status in TERMINAL_JOB and settled_at is None:
+                    settled_at = time.monotonic()
+    for t in threads:
+        t.join(timeout=5)
+    return refresh_job(cluster, ctx.store.get_job(job.id), ctx) if follow else ctx.store.get_job(job.id)

@@ -1,0 +1,102 @@
+"""Launching a job: check what can be checked before anything is touched, then hand the job to the
+cluster's backend -- dry run (the materialised plan) or submit (exactly that plan)."""
+
+from __future__ import annotations
+
+import os
+import secrets as _secrets
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gtrain.errors import ConfigError, GtrainError, JobConflict
+from gtrain.jobs.backend import JobRequest, JobState
+from gtrain.jobs.status import active_job, cancel_job
+from gtrain.state import Cluster
+
+if TYPE_CHECKING:
+    from gtrain.context import Context
+    from gtrain.spec import ClusterSpec, Job
+
+DRY_RUN_ID = "<job-id>"
+
+
+def new_job_id(cluster: str) -> str:
+    return f"{cluster}-{time.strftime('%Y%m%d-%H%M%S')}-{_secrets.token_hex(2)}"
+
+
+def check_job(spec: ClusterSpec) -> tuple[Job, str]:
+    """Validate what can be checked before anything is touched: workdir, script, secrets."""
+    if spec.job is None:
+        raise ConfigError("the spec has no job section", hint="add `job: {run: train.py}`", field="job")
+    job = spec.job
+    workdir = spec.workdir_path()
+    if not workdir.is_dir():
+        raise ConfigError(f"job.workdir: {str(workdir)!r} is not a directory",
+                          hint="point job.workdir at the folder holding your training script", field="job.workdir")
+    argv = job.argv
+    if not argv:
+        raise ConfigError("job.run: no script given", hint="e.g. run: train.py --steps 50", field="job.run")
+    script = argv[0]
+    if not script.startswith("-") and not os.path.isabs(script) and not (workdir / script).is_file():
+        raise ConfigError(
+            f"job.run: script {script!r} not found in workdir {str(workdir)!r}",
+            hint="job.run starts with a path relative to job.workdir, e.g. train.py", field="job.run",
+        )
+    missing = [n for n in job.secrets if n not in os.environ]
+    if missing:
+        raise ConfigError(f"job.secrets: {', '.join(missing)} not set in this environment",
+                          hint="export them before launching; their values go to the nodes, never to disk",
+                          field="job.secrets")
+    return job, str(workdir)
+
+
+@dataclass
+class LaunchResult:
+    job_id: str
+    cluster: str
+    status: str
+    scripts: dict[int, dict[str, str]] = field(default_factory=dict)
+    master: str = ""
+    backend: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "cluster": self.cluster, "status": self.status, "master": self.master,
+                "backend": self.backend}
+
+
+def launch(cluster: Cluster, spec: ClusterSpec, ctx: Context, *, force: bool = False,
+           dry_run: bool = False) -> LaunchResult:
+    _job, local_workdir = check_job(spec)
+    backend = ctx.backend(cluster)
+    if dry_run:
+        plan = backend.dryrun(JobRequest(cluster, spec, DRY_RUN_ID, local_workdir))
+        return LaunchResult(DRY_RUN_ID, cluster.name, "dry-run", plan.files, str(plan.info.get("master", "")),
+                            backend.name)
+
+    from gtrain.locks import cluster_lock
+
+    with cluster_lock(ctx.store.home, cluster.name, "launch"):  # one job start at a time per cluster
+        active = active_job(cluster, ctx)
+        if active is not None:
+            if not force:
+                raise JobConflict(f"job {active.id} is still {active.status} on {cluster.name}",
+                                  hint=f"wait for it (`gtrain logs {cluster.name} -f`), "
+                                       f"`gtrain cancel {cluster.name}`, or launch with --force to cancel it")
+            ctx.report.info(f"cancelling {active.id} (--force)")
+            cancel_job(cluster, active, ctx)
+
+        request = backend.reserve(JobRequest(cluster, spec, new_job_id(cluster.name), local_workdir))
+        plan = backend.dryrun(request)
+        ctx.store.create_job(cluster.id, plan.job_id, dict(plan.info))
+        try:
+            backend.submit(plan, ctx.report)
+        except BaseException as exc:
+            reason = exc.message if isinstance(exc, GtrainError) else type(exc).__name__
+            ctx.store.update_job(plan.job_id, status=JobState.FAILED.value, exit_code=1,
+                                 info={**ctx.store.get_job(plan.job_id).info, "final": True, "error": reason})
+            raise
+    ctx.store.update_job(plan.job_id, status=JobState.RUNNING.value)
+    master = str(plan.info.get("master", ""))
+    ctx.report.info(f"job {plan.job_id} started on {cluster.num_nodes} node(s), rendezvous {master}")
+    return LaunchResult(plan.job_id, cluster.name, JobState.RUNNING.value, master=master, backend=backend.name)

@@ -1,0 +1,241 @@
+"""The default job backend: node scripts started detached over the provider's runners.
+
+Right for machines with their own disk reached by a runner (local directories, SSH hosts, cloud VMs). Each
+node gets the workdir, its rendered ``launch.sh``/``rank.sh`` (and ``setup.sh``) under ``ROOT/jobs/<id>/``;
+``launch.sh`` starts the launcher and writes the node's ``state.json`` and every rank's exit file, so a job's
+truth stays on its nodes after the CLI that launched it has gone (see :mod:`gtrain.remote.nodeside`).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shlex
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gtrain.errors import GtrainError, RemoteCommandError, RemoteError
+from gtrain.events import SILENT, Reporter
+from gtrain.jobs.backend import (
+    JobBackend,
+    JobDescription,
+    JobPlan,
+    JobRequest,
+    JobState,
+    LogLine,
+    NodeEnded,
+    NodeJobStatus,
+    RankStatus,
+)
+from gtrain.jobs.render import NodeContext, render_all
+from gtrain.remote.fanout import parallel
+
+if TYPE_CHECKING:
+    from gtrain.remote.base import Runner
+    from gtrain.spec import ClusterSpec, Job
+    from gtrain.state import Cluster
+    from gtrain.state import Job as JobRecord
+
+DRY_RUN_PORT = 29500
+
+
+def job_dir(runner: Runner, job_id: str) -> str:
+    return f"{runner.root}/jobs/{job_id}"
+
+
+def secret_stdin(job: Job) -> bytes:
+    """The job's secrets as ``NAME=value\\0`` pairs, sent on stdin: never written to a node's disk."""
+    return b"".join(f"{n}={os.environ[n]}".encode() + b"\x00" for n in job.secrets)
+
+
+def node_contexts(cluster: Cluster, spec: ClusterSpec, job: Job, runners: list[Runner], job_id: str,
+                  master_port: int) -> list[NodeContext]:
+    addrs = [r.address for r in runners]
+    nproc = job.nproc_per_node or spec.resources.gpus_per_node or 1
+    out = []
+    for rank, r in enumerate(runners):
+        workdir = f"{r.root}/workdir"
+        out.append(NodeContext(
+            job_id=job_id, cluster=cluster.name, node_rank=rank, num_nodes=len(runners), node_ips=addrs,
+            node_addr=r.address, master_addr=addrs[0], master_port=master_port, nproc_per_node=nproc,
+            job_dir=job_dir(r, job_id), workdir=workdir, checkpoint_dir=f"{workdir}/{job.checkpoint_dir}",
+            python=job.python or r.python, argv=job.argv, env=dict(job.env), secret_names=list(job.secrets),
+            setup=job.setup, max_restarts=job.max_restarts,
+        ))
+    return out
+
+
+class NodeScriptBackend(JobBackend):
+    name = "node-script"
+
+    def __init__(self, provider: Any, cluster: Cluster) -> None:
+        super().__init__(provider, cluster)
+        self._runners: list[Runner] | None = None
+
+    @property
+    def runners(self) -> list[Runner]:
+        if self._runners is None:
+            self._runners = self.provider.runners(self.cluster)
+        return self._runners
+
+    # ---- plan and submit -------------------------------------------------------------------------
+
+    def reserve(self, request: JobRequest) -> JobRequest:
+        request.master_port = int(self.runners[0].call("free_port"))
+        return request
+
+    def dryrun(self, request: JobRequest) -> JobPlan:
+        job = request.spec.job
+        assert job is not None  # checked by jobs.launch.check_job
+        port = request.master_port or DRY_RUN_PORT
+        ctxs = node_contexts(self.cluster, request.spec, job, self.runners, request.job_id, port)
+        master = f"{ctxs[0].master_addr}:{port}"
+        info = {"run": job.run, "argv": job.argv, "nproc_per_node": ctxs[0].nproc_per_node,
+                "num_nodes": len(ctxs), "master": master, "checkpoint_dir": job.checkpoint_dir,
+                "workdir": request.workdir, "env_names": sorted(job.env), "secret_names": list(job.secrets),
+                "backend": self.name}
+        return JobPlan(request, {c.node_rank: render_all(c) for c in ctxs}, info, {"contexts": ctxs})
+
+    def submit(self, plan: JobPlan, report: Reporter | None = None) -> str:
+        from gtrain.sync.workdir import list_workdir
+
+        rep = report or SILENT
+        job = plan.request.spec.job
+        assert job is not None
+        runners, ctxs = self.runners, plan.private["contexts"]
+        local = Path(plan.request.workdir)
+        try:
+            files = list_workdir(local)
+            secret_in = secret_stdin(job)
+
+            def prepare(i: int) -> int:
+                r, c = runners[i], ctxs[i]
+                r.run(f"mkdir -p {shlex.quote(c.workdir)} {shlex.quote(c.job_dir)}/logs")
+                moved = r.put_files(local, files, c.workdir)
+                for name, text in plan.files[i].items():
+                    r.write_file(f"{c.job_dir}/{name}", text.encode(), 0o700)
+                rep.node(i, f"workdir synced ({moved} of {len(files)} files changed)")
+                return moved
+
+            parallel(prepare, list(range(len(runners))))
+            if job.data:
+                from gtrain.jobs.data import fetch_data
+
+                fetch_data(job, runners, ctxs, secret_in, rep)
+            if job.setup:
+                rep.info("running setup on every node")
+                parallel(lambda i: self._setup(i, ctxs[i], secret_in, rep), list(range(len(runners))))
+
+            def start(i: int) -> None:
+                q = shlex.quote(ctxs[i].job_dir)
+                runners[i].start_detached(f"exec bash {q}/launch.sh >{q}/node.log 2>&1", stdin=secret_in)
+
+            parallel(start, list(range(len(runners))))
+        except BaseException:
+            # don't leave half a job behind on the nodes that did start
+            try:
+                parallel(lambda r: r.call("cancel", job_dir(r, plan.job_id), "2"), runners)
+            except Exception:  # noqa: BLE001 - best effort; the original error is what matters
+                pass
+            raise
+        return plan.job_id
+
+    def _setup(self, i: int, c: NodeContext, secret_in: bytes, rep: Reporter) -> None:
+        r = self.runners[i]
+        tail: list[str] = []
+
+        def on_line(text: str) -> None:
+            tail.append(text)
+            del tail[:-30]
+            rep.line(i, None, text)
+
+        rc = r.stream(f"bash {shlex.quote(c.job_dir)}/setup.sh", on_line, stdin=secret_in)
+        if rc != 0:
+            raise RemoteCommandError(r.label, "job.setup", rc, "\n".join(tail))
+
+    # ---- the truth from the nodes ----------------------------------------------------------------
+
+    def _node_state(self, i: int, job_id: str) -> dict[str, Any]:
+        r = self.runners[i]
+        try:
+            return dict(r.call("job_state", job_dir(r, job_id), timeout=60))
+        except RemoteError as e:
+            return {"state": "unreachable", "error": e.message, "ranks": {}}
+
+    def describe(self, job: JobRecord, nodes: list[int] | None = None) -> JobDescription:
+        from gtrain.jobs.status import aggregate
+
+        picked = list(range(len(self.runners))) if nodes is None else nodes
+        raws = parallel(lambda i: self._node_state(i, job.id), picked)
+        statuses = [node_status(i, raw) for i, raw in zip(picked, raws, strict=True)]
+        state, code = aggregate(statuses)
+        return JobDescription(job.id, state, code, statuses)
+
+    def cancel(self, job: JobRecord, nodes: list[int] | None = None, grace_s: float = 10) -> None:
+        picked = list(range(len(self.runners))) if nodes is None else nodes
+
+        def one(i: int) -> None:
+            r = self.runners[i]
+            try:
+                r.call("cancel", job_dir(r, job.id), str(int(grace_s)), timeout=60 + grace_s)
+            except RemoteError:
+                pass  # unreachable now: the state read that follows reports it
+
+        parallel(one, picked)
+
+    # ---- output ----------------------------------------------------------------------------------
+
+    def log_iter(self, job: JobRecord, node: int, rank: int | None = None, *, follow: bool = False,
+                 tail: int | None = None, since: int = 0) -> Iterator[LogLine | NodeEnded]:
+        import json
+
+        r = self.runners[node]
+        cmd, stdin = r.follow_command(job_dir(r, job.id), follow=follow, tail=tail)
+        q: queue.Queue[tuple[str, Any]] = queue.Queue()
+
+        def on_raw(raw: str) -> None:
+            if raw.startswith("\x00END\t"):
+                q.put(("end", raw.split("\t", 1)[1]))
+                return
+            tag, _, text = raw.partition("\t")
+            q.put(("line", (None if tag == "-" else int(tag) if tag.isdigit() else None, text)))
+
+        def pump() -> None:
+            try:
+                r.stream(cmd, on_raw, stdin=stdin)
+            except GtrainError as e:
+                q.put(("error", e.message))
+            finally:
+                q.put(("done", None))
+
+        threading.Thread(target=pump, daemon=True, name=f"gtrain-logs-{node}").start()
+        seen = 0
+        while True:
+            kind, payload = q.get()
+            if kind == "line":
+                r_rank, text = payload
+                seen += 1
+                if seen > since and (rank is None or r_rank == rank):
+                    yield LogLine(node, r_rank, text)
+            elif kind == "end":
+                try:
+                    word = json.loads(payload).get("state")
+                except ValueError:
+                    word = "unknown"
+                yield NodeEnded(node, JobState.parse(word), str(word))
+            elif kind == "error":
+                yield NodeEnded(node, JobState.UNKNOWN, "unreachable", payload)
+            elif kind == "done":
+                return
+
+
+def node_status(i: int, raw: dict[str, Any]) -> NodeJobStatus:
+    """One node's ``job_state`` document as a typed status."""
+    word = str(raw.get("state"))
+    ranks = [RankStatus(int(k), JobState.SUCCEEDED if int(v[0]) == 0 else JobState.FAILED, int(v[0]), float(v[1]))
+             for k, v in sorted((raw.get("ranks") or {}).items(), key=lambda kv: int(kv[0]))]
+    code = raw.get("exit_code")
+    return NodeJobStatus(i, JobState.parse(word), code if isinstance(code, int) else None, word, raw.get("error"),
+                         ranks, bool(raw.get("orphans")), raw)

@@ -1,0 +1,136 @@
+"""A job's state: the nodes' (or scheduler's) truth folded into one status, fail-fast, cancel.
+
+The job backend says where each node's part of the job is (:meth:`JobBackend.describe`); this module folds
+that into the job's status and exit code, keeps the state database's copy current, and -- when asked to act
+(``launch``, ``logs -f``, ``run``; never a read-only ``status``) -- stops the nodes still waiting in a
+collective for a node whose part died.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gtrain.errors import ConfigError
+from gtrain.jobs.backend import JobState, NodeJobStatus
+from gtrain.state import TERMINAL_JOB, Cluster
+from gtrain.state import Job as JobRecord
+
+if TYPE_CHECKING:
+    from gtrain.context import Context
+
+CANCEL_EXIT = 130
+#: a node's own words that mean its part of the job is over badly (or the node is)
+_DEAD = ("failed", "missing", "unreachable")
+_ALIVE = ("running", "pending", "starting", "setup")
+
+
+def aggregate(nodes: list[NodeJobStatus]) -> tuple[JobState, int | None]:
+    """The job's state and exit code from its nodes' states."""
+    names = [n.detail for n in nodes]
+    if "unreachable" in names:
+        return JobState.FAILED, 255
+    if all(n.state.terminal for n in nodes):
+        if all(n.state is JobState.SUCCEEDED for n in nodes):
+            return JobState.SUCCEEDED, 0
+        if any(n.state is JobState.FAILED for n in nodes):  # a node failed; others may have been stopped for it
+            return JobState.FAILED, job_exit_code(nodes)
+        if any(n.state is JobState.PREEMPTED for n in nodes):
+            return JobState.PREEMPTED, None
+        return JobState.CANCELLED, CANCEL_EXIT
+    if "missing" in names and not any(n.state is JobState.RUNNING for n in nodes):
+        return JobState.FAILED, 1
+    if any(n.state is JobState.RUNNING for n in nodes):
+        return JobState.RUNNING, None
+    return JobState.PENDING, None
+
+
+def job_exit_code(nodes: list[NodeJobStatus]) -> int:
+    """The job's own exit code: the first rank (in time, across nodes) that exited non-zero."""
+    failed = [(r.ended_at or 0.0, r.exit_code) for n in nodes for r in n.ranks if r.exit_code]
+    if failed:
+        return int(min(failed)[1] or 1)
+    for n in nodes:
+        if n.exit_code:
+            return n.exit_code
+    return 1
+
+
+def refresh_job(cluster: Cluster, job: JobRecord, ctx: Context, *, act: bool = True) -> JobRecord:
+    """Ask the backend where ``job`` is and store it. With ``act``, a job that died on some nodes is stopped
+    on the others (fail-fast) and workers a dead launcher left behind are ended; without it (``status``),
+    nothing is stopped: what would be is reported."""
+    if job.status in TERMINAL_JOB and job.info.get("final"):
+        return job
+    backend = ctx.backend(cluster)
+    desc = backend.describe(job)
+    nodes = desc.nodes
+    state, code = desc.state, desc.exit_code
+    dead = [n.node for n in nodes if n.detail in _DEAD]
+    alive = [n.node for n in nodes if n.detail in _ALIVE]
+    orphaned = [n.node for n in nodes if n.orphans]
+    if orphaned:
+        if act:
+            ctx.report.warn(f"job {job.id}: ending workers left behind on node(s) {orphaned}")
+            backend.cancel(job, orphaned, grace_s=5)
+        else:
+            ctx.report.warn(f"job {job.id}: workers left behind on node(s) {orphaned} "
+                            f"(`gtrain cancel {cluster.name}` ends them)")
+    if dead and alive:
+        if act:
+            # One node's job died (or its node did) while the others wait in a collective: stop them instead
+            # of letting them hang until a timeout.
+            ctx.report.warn(f"job {job.id} failed on node(s) {dead}; stopping it on node(s) {alive}")
+            backend.cancel(job, alive, grace_s=5)
+            again = {n.node: n for n in backend.describe(job, alive).nodes}
+            nodes = [again.get(n.node, n) for n in nodes]
+            failed = [n for n in nodes if n.state is JobState.FAILED]
+            state, code = JobState.FAILED, (job_exit_code(failed) if failed else 255)
+        else:
+            ctx.report.warn(f"job {job.id} failed on node(s) {dead} and still runs on node(s) {alive}; "
+                            f"`gtrain logs {cluster.name} -f` or `gtrain cancel {cluster.name}` stops it")
+    info = dict(job.info)
+    info["nodes"] = [{"state": n.detail, "exit_code": n.exit_code, "error": n.error} for n in nodes]
+    # terminal is final: a node that was unreachable may come back, but the rest of the job was stopped
+    info["final"] = state.terminal and any(n.detail != "unreachable" for n in nodes)
+    if state.value != job.status or code != job.exit_code or info != job.info:
+        ctx.store.update_job(job.id, status=state.value, exit_code=code, info=info)
+    return ctx.store.get_job(job.id)
+
+
+def active_job(cluster: Cluster, ctx: Context) -> JobRecord | None:
+    for job in reversed(ctx.store.jobs(cluster.id)):
+        if job.status not in TERMINAL_JOB:
+            job = refresh_job(cluster, job, ctx)
+            if job.status not in TERMINAL_JOB:
+                return job
+    return None
+
+
+def cancel_job(cluster: Cluster, job: JobRecord, ctx: Context) -> JobRecord:
+    ctx.backend(cluster).cancel(job, grace_s=10)
+    job = refresh_job(cluster, job, ctx, act=False)
+    if job.status not in TERMINAL_JOB:
+        ctx.store.update_job(job.id, status=JobState.CANCELLED.value, exit_code=CANCEL_EXIT)
+    return ctx.store.get_job(job.id)
+
+
+def cancel_active_jobs(cluster: Cluster, ctx: Context) -> list[JobRecord]:
+    out = []
+    for job in ctx.store.jobs(cluster.id):
+        if job.status not in TERMINAL_JOB:
+            ctx.report.info(f"stopping job {job.id}")
+            out.append(cancel_job(cluster, job, ctx))
+    return out
+
+
+def resolve_job(cluster: Cluster, ctx: Context, job_id: str | None) -> JobRecord:
+    if job_id:
+        job = ctx.store.get_job(job_id)
+        if job.cluster_id != cluster.id:
+            raise ConfigError(f"job {job_id!r} is not a job of cluster {cluster.name!r}", field="--job")
+        return job
+    latest = ctx.store.latest_job(cluster.id)
+    if latest is None:
+        raise ConfigError(f"cluster {cluster.name!r} has no jobs yet", field="--job",
+                          hint=f"`gtrain launch --cluster {cluster.name}` starts one")
+    return latest

@@ -1,0 +1,87 @@
+"""One gtrain at a time per cluster: an advisory lock file held by the live process.
+
+``up``, ``launch`` and ``down`` of a cluster hold ``$GTRAIN_HOME/locks/<name>.lock`` (``flock``) while they
+change it, so two ``gtrain launch`` cannot both start a job and two ``gtrain up`` cannot both provision. The
+kernel drops the lock when its process dies, so a killed gtrain never leaves a stale lock; the pid and command
+written in the file only make the message exact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from gtrain.errors import JobConflict
+
+
+class ClusterBusy(JobConflict):
+    """Another live gtrain process is changing the cluster (exit 2)."""
+
+
+def lock_path(home: Path, cluster: str) -> Path:
+    return home / "locks" / f"{cluster}.lock"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def cluster_lock(home: Path, cluster: str, what: str) -> Iterator[None]:
+    """Hold the cluster's lock for the block; :class:`ClusterBusy` at once when a live process holds it.
+    Re-entrant within one process (``run`` = up + launch + down, ``launch --force`` cancelling)."""
+    path = lock_path(home, cluster)
+    held = _HELD.get(str(path))
+    if held is not None:
+        _HELD[str(path)] = (held[0], held[1] + 1)
+        try:
+            yield
+        finally:
+            fd, n = _HELD[str(path)]
+            _HELD[str(path)] = (fd, n - 1)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _busy(path, cluster) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "what": what, "since": time.time()}).encode())
+        _HELD[str(path)] = (fd, 1)
+        try:
+            yield
+        finally:
+            _HELD.pop(str(path), None)
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _busy(path: Path, cluster: str) -> ClusterBusy:
+    try:
+        info = json.loads(path.read_text() or "{}")
+    except (OSError, ValueError):
+        info = {}
+    pid, what = info.get("pid"), info.get("what", "a command")
+    who = f"pid {pid}, `gtrain {what}`" if isinstance(pid, int) and _alive(pid) else "another process"
+    return ClusterBusy(f"another gtrain is working on cluster {cluster!r} ({who})",
+                       hint="wait for it to finish, then run this again")
+
+
+#: locks this process holds: path -> (fd, depth)
+_HELD: dict[str, tuple[int, int]] = {}
