@@ -3,6 +3,7 @@ backends) made on first use. Core modules take a :class:`Context`; none of them 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -18,11 +19,39 @@ if TYPE_CHECKING:
     from gtrain.spec import ClusterSpec
 
 
+class GuardedReporter(Reporter):
+    """What core code reports through: a closed output (``gtrain down | head -1``, a dead terminal) must never
+    stop a teardown halfway, so errors writing it are dropped."""
+
+    def __init__(self, inner: Reporter) -> None:
+        self.inner = inner
+
+    def info(self, msg: str) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.inner.info(msg)
+
+    def warn(self, msg: str) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.inner.warn(msg)
+
+    def node(self, rank: int, msg: str) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.inner.node(rank, msg)
+
+    def line(self, node: int, rank: int | None, text: str) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.inner.line(node, rank, text)
+
+
 @dataclass
 class Context:
     store: StateStore = field(default_factory=StateStore)
     report: Reporter = SILENT
     _providers: dict[str, Provider] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.report, GuardedReporter):
+            self.report = GuardedReporter(self.report)
 
     def provider(self, name: str) -> Provider:
         if name not in self._providers:
