@@ -225,6 +225,26 @@ def manifest(root: str) -> list[dict[str, object]]:
     return out
 
 
+def pull_manifest(root: str, under: str = "") -> dict[str, object]:
+    """``manifest(root)`` for ``gtrain pull``, refused (``{"refused": why}``) when ``root`` or a folder between
+    ``under`` (the node's gtrain root) and it is a symlink: a checkpoint_dir is a path inside the workdir, and
+    a link would pull whatever it points at. Symlinks inside ``root`` are skipped, as by ``manifest``."""
+    base = os.path.normpath(under) if under else ""
+    path = os.path.normpath(root)
+    if base and (path == base or path.startswith(base.rstrip("/") + "/")):
+        cur = base
+        for part in os.path.relpath(path, base).split(os.sep):
+            if part in ("", "."):
+                continue
+            cur = os.path.join(cur, part)
+            if os.path.islink(cur):
+                return {"refused": f"{cur} is a symlink (to {os.readlink(cur)!r}); gtrain pulls only what is "
+                                   "inside the workdir", "files": []}
+    elif os.path.islink(path):
+        return {"refused": f"{path} is a symlink (to {os.readlink(path)!r})", "files": []}
+    return {"refused": None, "files": manifest(path)}
+
+
 def remove_tree(path: str) -> bool:
     import shutil
 
@@ -412,6 +432,7 @@ def idle_watch(idle_s: str, poll_s: str, pidfile: str, *cmd: str) -> int:
 FUNCS = {
     "probe": probe,
     "free_port": free_port, "job_state": job_state, "cancel": cancel, "manifest": manifest,
+    "pull_manifest": pull_manifest,
     "remove_tree": remove_tree,
 }
 
