@@ -15,15 +15,30 @@
 
 Provider SDK exceptions (botocore, google.api_core, paramiko) never cross a provider module:
 each provider translates them in one place into this tree.
+
+Every error scrubs registered secret values (:mod:`gtrain.redact`) from its message and hint when it is made,
+so neither ``--json`` output, a traceback nor a stored error can show one.
 """
 
 from __future__ import annotations
+
+
+def scrub(text: str) -> str:
+    """:func:`gtrain.redact.scrub`; the identity where that module is absent (the node-side sync bundle ships
+    this file alone, and no secret is registered in a process there)."""
+    try:
+        from gtrain.redact import scrub as _scrub
+    except ImportError:
+        return text
+    return _scrub(text)
 
 
 class GtrainError(Exception):
     exit_code = 1
 
     def __init__(self, message: str, hint: str | None = None) -> None:
+        message = scrub(message)
+        hint = scrub(hint) if hint else hint
         super().__init__(message)
         self.message = message
         self.hint = hint
@@ -71,7 +86,7 @@ class ProviderError(GtrainError):
 
 class CapacityError(ProviderError):
     def __init__(self, message: str, attempts: list[str] | None = None, hint: str | None = None) -> None:
-        self.attempts = list(attempts or [])
+        self.attempts = [scrub(a) for a in attempts or []]
         if self.attempts:
             message = message + "\n" + "\n".join(f"  - {a}" for a in self.attempts)
         super().__init__(message, hint)
@@ -96,7 +111,7 @@ class RemoteCommandError(RemoteError):
         if stderr_tail.strip():
             msg += "\n" + stderr_tail.rstrip()[-2000:]
         super().__init__(msg)
-        self.host, self.cmd, self.rc, self.stderr_tail = host, cmd, rc, stderr_tail
+        self.host, self.cmd, self.rc, self.stderr_tail = host, scrub(cmd), rc, scrub(stderr_tail)
 
 
 class SyncError(GtrainError):

@@ -6,6 +6,11 @@ never pickles. The database is opened on first use, never at import.
 
 A cluster's ``id`` is unique for all time; its ``name`` is unique among clusters that are not terminated,
 so ``gtrain cost`` keeps the history of every cluster ever run under a name.
+
+Nothing secret is stored: every JSON and text value written goes through :func:`gtrain.redact.scrub`, and
+``GTRAIN_HOME`` is kept 0700 (an existing one with looser permissions is tightened when the store opens it,
+unless it is not ours, is sticky like ``/tmp`` or is the home directory itself) with ``state.db`` and its
+``-wal``/``-shm`` files 0600.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gtrain import redact
 from gtrain.errors import ClusterNotFound, ConfigError, StateError
 
 if TYPE_CHECKING:
@@ -171,7 +177,22 @@ class CostInterval:
 
 
 def _j(v: Any) -> str:
-    return json.dumps(v, sort_keys=True, separators=(",", ":"))
+    """JSON text for a row, with every registered secret value scrubbed (before and after encoding)."""
+    return redact.scrub(json.dumps(redact.scrub_obj(v), sort_keys=True, separators=(",", ":")))
+
+
+def _t(v: Any) -> Any:
+    """A text column, scrubbed."""
+    return redact.scrub(v) if isinstance(v, str) else v
+
+
+def _register(info: dict[str, Any]) -> None:
+    """A job's secrets, by the names its record keeps, if this process has them (``gtrain status`` run from
+    the shell that launched it): what a node reports back is scrubbed even in a process that launched nothing."""
+    names = info.get("secret_names")
+    if isinstance(names, list):
+        redact.register_secrets(str(n) for n in names)
+
 
 
 class StateStore:
@@ -188,8 +209,8 @@ class StateStore:
     @property
     def conn(self) -> sqlite3.Connection:
         if self._conn is None:
-            self.home.mkdir(parents=True, exist_ok=True, mode=0o700)
             try:
+                redact.secure_home(self.home, self.path)
                 conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
                 conn.row_factory = sqlite3.Row
                 conn.execute("PRAGMA busy_timeout=30000")
@@ -197,6 +218,7 @@ class StateStore:
                 conn.execute("PRAGMA foreign_keys=ON")
                 conn.execute("PRAGMA synchronous=NORMAL")
                 self._migrate(conn)
+                redact.secure_home(self.home, self.path)  # the -wal/-shm SQLite just made
             except sqlite3.DatabaseError as e:
                 raise StateError(f"cannot open state database {self.path}: {e}",
                                  hint="move it aside and run again; `gtrain gc` finds cloud resources by tag") from None
@@ -305,7 +327,7 @@ class StateStore:
             if k in ("spec", "extra"):
                 k, v = f"{k}_json", _j(v)
             cols.append(f"{k}=?")
-            vals.append(v)
+            vals.append(_t(v))
         with self.tx() as c:
             c.execute(f"UPDATE clusters SET {', '.join(cols)} WHERE id=?", (*vals, cid))
 
@@ -351,7 +373,7 @@ class StateStore:
         with self.tx() as c:
             cur = c.execute(
                 "INSERT INTO resources(cluster_id, kind, ref, region, status, created_at, meta_json)"
-                " VALUES (?,?,?,?,?,?,?)", (cluster_id, kind, ref, region, status, time.time(), _j(meta or {})),
+                " VALUES (?,?,?,?,?,?,?)", (cluster_id, kind, _t(ref), region, status, time.time(), _j(meta or {})),
             )
             return int(cur.lastrowid or 0)
 
@@ -364,7 +386,7 @@ class StateStore:
             vals.append(time.time())
         if ref is not None:
             sets.append("ref=?")
-            vals.append(ref)
+            vals.append(_t(ref))
         if meta is not None:
             sets.append("meta_json=?")
             vals.append(_j(meta))
@@ -382,6 +404,7 @@ class StateStore:
     # ---- jobs ----------------------------------------------------------------------------------
 
     def create_job(self, cluster_id: str, job_id: str, info: dict[str, Any]) -> Job:
+        _register(info)
         with self.tx() as c:
             c.execute("INSERT INTO jobs(id, cluster_id, status, created_at, info_json) VALUES (?,?,?,?,?)",
                       (job_id, cluster_id, "pending", time.time(), _j(info)))
@@ -409,6 +432,8 @@ class StateStore:
     def update_job(self, job_id: str, *, status: str, exit_code: int | None = None,
                    info: dict[str, Any] | None = None) -> None:
         ended = time.time() if status in TERMINAL_JOB else None
+        if info is not None:
+            _register(info)
         with self.tx() as c:
             c.execute(
                 "UPDATE jobs SET status=?, exit_code=coalesce(?, exit_code),"
@@ -443,7 +468,7 @@ class StateStore:
     def set_interval_cost(self, iid: int, cost_usd: float, *, estimate: bool, note: str | None = None) -> None:
         with self.tx() as c:
             c.execute("UPDATE cost_intervals SET cost_usd=?, estimate=?, note=? WHERE id=?",
-                      (cost_usd, int(estimate), note, iid))
+                      (cost_usd, int(estimate), _t(note), iid))
 
     def intervals(self, cluster_id: str | None = None) -> list[CostInterval]:
         if cluster_id:

@@ -70,10 +70,31 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-def job_pids(job_id: str) -> list[int]:
+def _node_needles(job_dir: str) -> list[bytes]:
+    """What tells this node's processes of a job from another node's on the same machine (the local provider,
+    ssh hosts sharing one PID namespace): the GTRAIN_NODE_RANK and GTRAIN_WORKDIR its rendered scripts export."""
+    import shlex
+
+    found: dict[str, str] = {}
+    for script in ("launch.sh", "setup.sh", "data.sh", "rank.sh"):
+        for line in (_read(os.path.join(job_dir, script)) or "").splitlines():
+            for key in ("GTRAIN_NODE_RANK", "GTRAIN_WORKDIR"):
+                if key not in found and line.startswith(f"export {key}="):
+                    try:
+                        found[key] = shlex.split(line[len(f"export {key}="):])[0]
+                    except (ValueError, IndexError):
+                        pass
+        if len(found) == 2:
+            break
+    return [f"\0{k}={v}\0".encode() for k, v in sorted(found.items())]
+
+
+def job_pids(job_id: str, job_dir: str | None = None) -> list[int]:
     """Processes of a job found by the GTRAIN_JOB_ID in their environment: torchrun starts its workers in
-    sessions of their own, so a worker orphaned by a killed agent is in no process group of ours."""
-    needle = f"\0GTRAIN_JOB_ID={job_id}\0".encode()
+    sessions of their own, so a worker orphaned by a killed agent is in no process group of ours. With
+    ``job_dir``, only this node's: the job id is the same on every node, so its node rank and workdir must
+    match too."""
+    needles = [f"\0GTRAIN_JOB_ID={job_id}\0".encode(), *(_node_needles(job_dir) if job_dir else [])]
     me = os.getpid()
     out = []
     for d in os.listdir("/proc"):
@@ -84,7 +105,7 @@ def job_pids(job_id: str) -> list[int]:
                 env = b"\0" + f.read()
         except OSError:
             continue
-        if needle in env and _alive(int(d)):
+        if all(n in env for n in needles) and _alive(int(d)):
             out.append(int(d))
     return out
 
@@ -152,7 +173,7 @@ def job_state(job_dir: str) -> dict[str, object]:
             st["lost"] = True
     if st.get("state") in TERMINAL:
         # workers left behind by a dead agent still hold CPUs/GPUs: say so, `cancel` ends them
-        st["orphans"] = len(job_pids(os.path.basename(os.path.normpath(job_dir))))
+        st["orphans"] = len(job_pids(os.path.basename(os.path.normpath(job_dir)), job_dir))
     if st.get("state") in TERMINAL and st.get("exit_code") is None:
         st["exit_code"] = node_exit_code(ranks, st.get("agent_rc"))
     return st
@@ -173,7 +194,7 @@ def cancel(job_dir: str, grace: str = "10") -> dict[str, object]:
         return {"state": "missing"}
     job_id = os.path.basename(os.path.normpath(job_dir))
     if job_state(job_dir).get("state") in TERMINAL:  # over already (maybe failed): only end what it left behind
-        _kill_pids(job_pids(job_id), float(grace))
+        _kill_pids(job_pids(job_id, job_dir), float(grace))
         return job_state(job_dir)
     with open(os.path.join(job_dir, "cancel"), "w") as f:
         f.write(str(time.time()))
@@ -191,7 +212,7 @@ def cancel(job_dir: str, grace: str = "10") -> dict[str, object]:
             if not _group_alive(pgid):
                 break
     # and whatever of the job is left outside that group (workers in their own sessions, orphans)
-    _kill_pids(job_pids(job_id), float(grace))
+    _kill_pids(job_pids(job_id, job_dir), float(grace))
     st = job_state(job_dir)
     if st.get("state") not in TERMINAL:
         st = {"state": "cancelled", "exit_code": 130, "pid": None, "time": time.time()}
@@ -223,6 +244,26 @@ def manifest(root: str) -> list[dict[str, object]]:
             rel = os.path.relpath(p, root).replace(os.sep, "/")
             out.append({"path": rel, "size": size, "mtime": os.stat(p).st_mtime, "sha256": h.hexdigest()})
     return out
+
+
+def pull_manifest(root: str, under: str = "") -> dict[str, object]:
+    """``manifest(root)`` for ``gtrain pull``, refused (``{"refused": why}``) when ``root`` or a folder between
+    ``under`` (the node's gtrain root) and it is a symlink: a checkpoint_dir is a path inside the workdir, and
+    a link would pull whatever it points at. Symlinks inside ``root`` are skipped, as by ``manifest``."""
+    base = os.path.normpath(under) if under else ""
+    path = os.path.normpath(root)
+    if base and (path == base or path.startswith(base.rstrip("/") + "/")):
+        cur = base
+        for part in os.path.relpath(path, base).split(os.sep):
+            if part in ("", "."):
+                continue
+            cur = os.path.join(cur, part)
+            if os.path.islink(cur):
+                return {"refused": f"{cur} is a symlink (to {os.readlink(cur)!r}); gtrain pulls only what is "
+                                   "inside the workdir", "files": []}
+    elif os.path.islink(path):
+        return {"refused": f"{path} is a symlink (to {os.readlink(path)!r})", "files": []}
+    return {"refused": None, "files": manifest(path)}
 
 
 def remove_tree(path: str) -> bool:
@@ -412,6 +453,7 @@ def idle_watch(idle_s: str, poll_s: str, pidfile: str, *cmd: str) -> int:
 FUNCS = {
     "probe": probe,
     "free_port": free_port, "job_state": job_state, "cancel": cancel, "manifest": manifest,
+    "pull_manifest": pull_manifest,
     "remove_tree": remove_tree,
 }
 

@@ -1,5 +1,7 @@
-"""Which files of a workdir go to the nodes: everything except ``.git/`` and what ``.gitignore`` and
-``.gtrainignore`` files (at any depth, gitignore syntax) exclude."""
+"""Which files of a workdir go to the nodes: everything except ``.git/``, what ``.gitignore`` and
+``.gtrainignore`` files (at any depth, gitignore syntax) exclude, and gtrain's own pull folders: any folder
+below the workdir that holds a ``.gtrain-pull`` marker (``gtrain pull`` writes one into every DEST it creates,
+e.g. the default ``./<cluster>-checkpoints``), so pulled checkpoints are never uploaded back to the nodes."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from pathlib import Path
 
 IGNORE_FILES = (".gitignore", ".gtrainignore")
 ALWAYS_SKIP = {".git", ".hg", ".svn", "__pycache__", ".gtrain-partial"}
+PULL_MARKER = ".gtrain-pull"  # written by gtrain pull into a folder it creates
 
 
 def list_workdir(root: Path) -> list[str]:
@@ -37,7 +40,9 @@ def list_workdir(root: Path) -> list[str]:
         keep = []
         for d in sorted(dirnames):
             rel = f"{rel_dir}/{d}" if rel_dir else d
-            if d in ALWAYS_SKIP or os.path.islink(os.path.join(dirpath, d)) or ignored(rel, True):
+            full = os.path.join(dirpath, d)
+            if (d in ALWAYS_SKIP or os.path.islink(full) or os.path.lexists(os.path.join(full, PULL_MARKER))
+                    or ignored(rel, True)):
                 continue
             keep.append(d)
         dirnames[:] = keep

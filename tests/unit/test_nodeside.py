@@ -70,7 +70,7 @@ def test_cancel_kills_the_process_group(tmp_path: Path) -> None:
     assert not nodeside._group_alive(p.pid)
 
 
-@pytest.mark.parametrize("bad", ["../x", "a/../../x", "/etc/passwd", "..", "a\\b"])
+@pytest.mark.parametrize("bad", ["../x", "a/../../x", "/etc/passwd", ".."])
 def test_pull_refuses_names_outside_destination(bad: str) -> None:
     with pytest.raises(SyncError, match="outside the destination"):
         safe_rel(bad)
