@@ -3,7 +3,7 @@ PY     ?= .venv/bin/python
 PIP    ?= .venv/bin/pip
 STAMP  := .venv/.gtrain-setup
 
-.PHONY: setup demo test test-unit test-integration bench lint clean
+.PHONY: setup deps demo test test-unit test-integration bench lint clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv .venv
@@ -15,16 +15,21 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# the system programs the tests need (sshd, rsync, iproute2, procps): instant when present; as root it
+# apt-installs what is missing, otherwise it stops here with the one command to run
+deps:
+	@.ci/install-deps
+
 demo: setup
 	$(PY) -m gtrain run examples/quickstart/spec.yaml --to quickstart-checkpoints
 
-test: setup
+test: deps setup
 	$(PY) -m pytest -q
 
 test-unit: setup
 	$(PY) -m pytest -q tests/unit
 
-test-integration: setup
+test-integration: deps setup
 	$(PY) -m pytest -q tests/integration
 
 bench: setup

@@ -22,10 +22,13 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (import t
 if TYPE_CHECKING:
     from pathlib import Path
 
-__all__ = ["PROVIDERS", "Offer", "gpu_names", "lookup", "offers", "parse_accelerators", "regions", "resolve"]
+__all__ = ["PROVIDERS", "CatalogSource", "Offer", "gpu_names", "lookup", "offers", "parse_accelerators", "regions",
+           "resolve", "snapshot_date", "source"]
 
 PROVIDERS = ("aws", "gcp")
 _ACCEL_PATTERN = r"^\s*([A-Za-z0-9][A-Za-z0-9_-]*)\s*(?::\s*(\d+))?\s*$"
+#: the comment line that dates a catalog file: ``# snapshot: 2025-12`` (shipped) or ``2026-05-12`` (refreshed)
+SNAPSHOT_PREFIX = "# snapshot:"
 
 
 @dataclass(frozen=True)
@@ -54,9 +57,19 @@ class Offer:
         return f"{self.gpu_name}:{self.gpu_count}"
 
 
+@dataclass(frozen=True)
+class CatalogSource:
+    """Which file a provider's offers come from, and how old its prices are."""
+
+    provider: str
+    snapshot: str  # "2025-12" (the shipped file), "2026-05-12" (a refresh), "undated" (a hand-made copy)
+    path: str  # the file read
+    user_copy: bool  # True: $GTRAIN_HOME/catalog/<provider>.csv, which replaces the shipped file
+
+
 # ---------------------------------------------------------------------------------------------- loading
 
-_cache: dict[str, tuple[tuple[str, int], tuple[Offer, ...]]] = {}
+_cache: dict[str, tuple[tuple[str, int], tuple[Offer, ...], CatalogSource]] = {}
 
 
 def _override_file(provider: str) -> str:
@@ -84,6 +97,10 @@ def _check_provider(provider: str) -> str:
 
 
 def _load(provider: str) -> tuple[Offer, ...]:
+    return _entry(provider)[1]
+
+
+def _entry(provider: str) -> tuple[tuple[str, int], tuple[Offer, ...], CatalogSource]:
     user = _override_file(provider)
     try:
         key: tuple[str, int] = (user, os.stat(user).st_mtime_ns)
@@ -91,19 +108,50 @@ def _load(provider: str) -> tuple[Offer, ...]:
         key = ("", 0)
     hit = _cache.get(provider)
     if hit is not None and hit[0] == key:
-        return hit[1]
+        return hit
     if key[0]:
         with open(user, encoding="utf-8") as f:
             text = f.read()
         source = user
     else:
-        from importlib.resources import files
-
-        text = (files(__name__) / f"{provider}.csv").read_text(encoding="utf-8")
+        text = shipped_text(provider)
         source = f"{__name__}/{provider}.csv"
-    rows = _parse(provider, text, source)
-    _cache[provider] = (key, rows)
-    return rows
+    entry = (key, _parse(provider, text, source), CatalogSource(provider, _snapshot(text), source, bool(key[0])))
+    _cache[provider] = entry
+    return entry
+
+
+def shipped_text(provider: str) -> str:
+    """The text of the catalog file shipped with gtrain (what a refresh starts from)."""
+    from importlib.resources import files
+
+    return (files(__name__) / f"{provider}.csv").read_text(encoding="utf-8")
+
+
+def _snapshot(text: str) -> str:
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        if line.startswith(SNAPSHOT_PREFIX):
+            return line[len(SNAPSHOT_PREFIX):].strip() or "undated"
+    return "undated"
+
+
+def source(provider: str) -> CatalogSource:
+    """Where ``provider``'s offers are read from now and the date of their prices."""
+    return _entry(_check_provider(provider))[2]
+
+
+def snapshot_date(provider: str | None = None) -> str:
+    """How old the catalog's prices are: ``"2025-12"`` for the shipped files, the refresh day for a user copy
+    written by ``gtrain catalog --refresh``. With no provider: one date when all agree, else
+    ``"aws 2026-05-12, gcp 2025-12"``."""
+    if provider is not None:
+        return source(provider).snapshot
+    dates = {p: source(p).snapshot for p in PROVIDERS}
+    if len(set(dates.values())) == 1:
+        return next(iter(dates.values()))
+    return ", ".join(f"{p} {d}" for p, d in dates.items())
 
 
 def _parse(provider: str, text: str, source: str) -> tuple[Offer, ...]:

@@ -47,8 +47,10 @@ def catalog(
     spot: bool = typer.Option(False, "--spot", help="Sort by the spot price."),
     limit: int = typer.Option(30, "--limit", help="Show at most this many rows (0: all)."),
     json_: bool = typer.Option(False, "--json", help="Print one JSON document on stdout and nothing else."),
+    refresh: bool = typer.Option(False, "--refresh", help="Re-price the catalog from the AWS price list and the "
+                                 "GCP Cloud Billing Catalog into $GTRAIN_HOME/catalog/ (gcp: GTRAIN_GCP_API_KEY)."),
 ) -> None:
-    """GPU instance offers from the shipped catalog, cheapest first."""
+    """GPU instance offers from the catalog (shipped, or your refreshed copy), cheapest first."""
     out.set_json(json_)
     from dataclasses import asdict
 
@@ -57,12 +59,22 @@ def catalog(
 
     if provider is not None and provider not in ("aws", "gcp"):
         raise ConfigError(f"--provider {provider!r}: the catalog has aws and gcp", field="--provider")
+    if refresh:
+        from gtrain.catalog.refresh import refresh as refresh_catalog
+
+        done = refresh_catalog([provider] if provider else None)
+        if json_:
+            out.emit_json({"refreshed": [r.to_dict() for r in done]})
+            return
+        for r in done:
+            out.console().print(r.summary())
+        return
 
     rows = cat.offers(provider=provider, gpu=gpu, gpu_count=count, region=region, spot=spot)
     if limit:
         rows = rows[:limit]
     if json_:
-        out.emit_json({"offers": [asdict(o) for o in rows]})
+        out.emit_json({"offers": [asdict(o) for o in rows], "snapshot": cat.snapshot_date(provider)})
         return
     if not rows:
         names = ", ".join(cat.gpu_names(provider))
@@ -73,4 +85,4 @@ def catalog(
               [[o.provider, o.instance_type,
                 o.accelerators, f"{o.gpu_memory_gib:g}", o.vcpus, f"{o.memory_gib:g}", o.region,
                 out.fmt_usd(o.price_ondemand), out.fmt_usd(o.price_spot)] for o in rows])
-    out.console().print("* spot prices are typical estimates; gtrain prices a run from the provider when it can")
+    out.console().print(f"prices: catalog snapshot {cat.snapshot_date(provider)}; * spot prices are estimates")
