@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["up", "launch", "logs", "wait", "pull", "down", "status", "cost", "run", "cancel", "exec_command", "__version__"]
+__all__ = ["up", "launch", "logs", "wait", "pull", "down", "status", "cost", "run", "cancel", "exec_command",
+           "__version__"]
 
 
 def __getattr__(name: str) -> Any:

@@ -121,7 +121,7 @@ def pull(cluster: str, *, job_id: str | None = None, to: str | os.PathLike[str] 
          node: int | None = None, report: Reporter | None = None) -> PullResult:
     from gtrain.errors import ConfigError
     from gtrain.jobs.status import resolve_job
-    from gtrain.sync.pull import pull_dir
+    from gtrain.sync.pull import default_pull_dest, pull_dir
 
     ctx = _ctx(report)
     try:
@@ -135,10 +135,11 @@ def pull(cluster: str, *, job_id: str | None = None, to: str | os.PathLike[str] 
         else:
             spec = ctx.spec_of(c)
             ckpt = spec.job.checkpoint_dir if spec.job else "checkpoints"
-        dest = Path(to) if to else Path.cwd() / f"{cluster}-{Path(ckpt).name}"
+        dest = Path(to) if to else default_pull_dest(cluster, ckpt)
         picked = range(len(runners)) if node is None else [node]
         ctx.report.info(f"pulling {ckpt}/ from {'every node' if node is None else f'node {node}'} to {dest}")
-        return pull_dir([(i, runners[i], f"{runners[i].root}/workdir/{ckpt}") for i in picked], dest)
+        return pull_dir([(i, runners[i], f"{runners[i].root}/workdir/{ckpt}") for i in picked], dest,
+                        report=ctx.report)
     finally:
         ctx.store.close()
 

@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 
 
 class GuardedReporter(Reporter):
-    """What core code reports through: a closed output (``gtrain down | head -1``, a dead terminal) must never
-    stop a teardown halfway, so errors writing it are dropped."""
+    """What core code reports through: every secret value masked (:mod:`gtrain.redact`), and a closed output
+    (``gtrain down | head -1``, a dead terminal) never stops a teardown halfway: errors writing it are dropped."""
 
     def __init__(self, inner: Reporter) -> None:
         self.inner = inner
@@ -51,7 +51,9 @@ class Context:
 
     def __post_init__(self) -> None:
         if not isinstance(self.report, GuardedReporter):
-            self.report = GuardedReporter(self.report)
+            from gtrain.redact import RedactingReporter
+
+            self.report = GuardedReporter(RedactingReporter(self.report))
 
     def provider(self, name: str) -> Provider:
         if name not in self._providers:

@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     from gtrain.remote.base import Runner
     from gtrain.spec import Job
 
-_MODULES = ("__init__.py", "errors.py", "sync/__init__.py", "sync/model.py", "sync/local.py", "sync/manifest.py",
+_MODULES = ("__init__.py", "errors.py", "redact.py", "events.py",
+            "sync/__init__.py", "sync/model.py", "sync/local.py", "sync/manifest.py",
             "sync/engine.py", "sync/objstore.py", "sync/s3.py", "sync/s3wire.py",
             "sync/gcs.py", "sync/gcswire.py")
 

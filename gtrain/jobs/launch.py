@@ -48,6 +48,9 @@ def check_job(spec: ClusterSpec) -> tuple[Job, str]:
         raise ConfigError(f"job.secrets: {', '.join(missing)} not set in this environment",
                           hint="export them before launching; their values go to the nodes, never to disk",
                           field="job.secrets")
+    from gtrain.redact import register_secrets
+
+    register_secrets(job.secrets)  # from here on, their values are masked in all gtrain stores or prints
     return job, str(workdir)
 
 
