@@ -3,11 +3,13 @@ and errors go to stderr. Colour only on a TTY (and never with NO_COLOR)."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
-from typing import Any
+TYPE_CHECKING = False  # typing itself costs ~5 ms of start-up
+
+if TYPE_CHECKING:
+    from typing import Any
 
 from gtrain.events import Reporter
 
@@ -59,6 +61,8 @@ def say(msg: str) -> None:
 
 
 def emit_json(doc: Any) -> None:
+    import json
+
     sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n")
     sys.stdout.flush()
 
