@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import os
 import sys
-TYPE_CHECKING = False  # typing itself costs ~5 ms of start-up
-
-if TYPE_CHECKING:
-    from typing import Any
 
 from gtrain.cli.commands import COMMANDS, MODULES, PROG, ROOT_HELP
 from gtrain.cli.output import emit_json, err, json_mode
 from gtrain.errors import GtrainError
+
+TYPE_CHECKING = False  # typing itself costs ~5 ms of start-up
+
+if TYPE_CHECKING:
+    from typing import Any
 
 #: a missing module (its top-level name) -> the extra that installs it
 EXTRAS: dict[str, str] = {

@@ -6,12 +6,13 @@ from __future__ import annotations
 import os
 import sys
 import time
+
+from gtrain.events import Reporter
+
 TYPE_CHECKING = False  # typing itself costs ~5 ms of start-up
 
 if TYPE_CHECKING:
     from typing import Any
-
-from gtrain.events import Reporter
 
 _json_mode = False
 

@@ -63,9 +63,8 @@ def test_fast_help_is_typers_help_at_every_width() -> None:
 
 
 def test_fast_help_version_and_no_args_as_typer() -> None:
-    typer_help = subprocess.run(
-        [sys.executable, "-c", "from gtrain.cli.app import build_app; build_app()(args=['--help'], prog_name='gtrain')"],
-        capture_output=True, text=True, timeout=60)
+    code = "from gtrain.cli.app import build_app; build_app()(args=['--help'], prog_name='gtrain')"
+    typer_help = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     for args, code in ((["--help"], 0), (["-h"], 0), ([], 2)):
         r = subprocess.run([sys.executable, "-m", "gtrain", *args], capture_output=True, text=True, timeout=60)
         assert (r.returncode, r.stdout) == (code, typer_help.stdout), args
