@@ -5,28 +5,13 @@ from __future__ import annotations
 import typer
 
 from gtrain.cli import output as out
-
-JSON = typer.Option(False, "--json", help="Print one JSON document on stdout and nothing else.")
+from gtrain.cli.params import CLUSTER, JSON, NAME, SPEC, YES_PAID, confirm, confirm_price
 
 
 def register(app: typer.Typer) -> None:
     app.command("up")(up)
     app.command("down")(down)
     app.command("status")(status)
-
-
-def _confirm(msg: str, yes: bool) -> None:
-    import sys
-
-    from gtrain.errors import ConfigError
-
-    if yes:
-        return
-    if not sys.stdin.isatty():
-        raise ConfigError(f"{msg} needs confirmation and there is no terminal to ask", field="--yes",
-                          hint="pass --yes to confirm non-interactively")
-    if not typer.confirm(msg, default=True, err=True):
-        raise typer.Exit(1)
 
 
 def print_plan(plan: dict) -> None:  # type: ignore[type-arg]
@@ -38,14 +23,29 @@ def print_plan(plan: dict) -> None:  # type: ignore[type-arg]
                 "-" if plan["estimate_usd"] is None else f"{out.fmt_usd(plan['estimate_usd'])} for "
                 f"{plan['max_hours']} h (policies.max_hours)"]])
     for n in plan.get("notes") or []:
-        out.console().print(f"note: {n}")
+        out.say(f"note: {n}")
+
+
+def ssh_include_hint(cluster: str) -> str | None:
+    """The ``Include`` line for ~/.ssh/config, for a cluster whose nodes are reached over SSH (else None)."""
+    import gtrain.api as api
+    from gtrain.errors import GtrainError
+
+    try:
+        argv, _ = api.shell_argv(cluster, node=0)
+    except GtrainError:
+        return None
+    if argv[0] != "ssh" or "-F" not in argv:
+        return None
+    return (f"`ssh {cluster}-0`, rsync and VS Code Remote: add `Include {argv[argv.index('-F') + 1]}` to "
+            "~/.ssh/config, before any `Host *` block")
 
 
 def up(
-    spec: str = typer.Argument(..., help="Path to the YAML spec."),
-    name: str = typer.Option(None, "--name", help="Cluster name (overrides name: in the spec)."),
+    spec: str = SPEC,
+    name: str = NAME,
     dry_run: bool = typer.Option(False, "--dry-run", help="Show the plan and the price; create nothing."),
-    yes: bool = typer.Option(False, "--yes", "-y", help="Don't ask before creating paid resources."),
+    yes: bool = YES_PAID,
     json_: bool = JSON,
 ) -> None:
     """Provision the cluster's nodes."""
@@ -55,10 +55,8 @@ def up(
 
     parsed = load_spec(spec, name=name)
     rep = out.CLIReporter()
-    if not dry_run and parsed.provider not in ("local", "ssh"):
-        plan = api.up(parsed, dry_run=True, report=rep).plan
-        _confirm(f"Create {plan.num_nodes} {plan.instance_type} node(s) at "
-                 f"{out.fmt_usd(plan.cluster_price_per_hour)}/h?", yes)
+    if not dry_run:
+        confirm_price(parsed, yes, rep)
     res = api.up(parsed, dry_run=dry_run, report=rep)
     if json_:
         out.emit_json(res.to_dict())
@@ -66,12 +64,15 @@ def up(
     print_plan(res.plan.to_dict())
     if res.cluster is not None:
         verb = "is up" if res.created else "was already up"
-        out.console().print(f"cluster {res.cluster.name} {verb}: {res.cluster.num_nodes} node(s). "
-                            f"Next: gtrain launch --cluster {res.cluster.name}")
+        out.say(f"cluster {res.cluster.name} {verb}: {res.cluster.num_nodes} node(s). "
+                f"Next: gtrain launch --cluster {res.cluster.name}")
+        hint = ssh_include_hint(res.cluster.name)
+        if hint:
+            out.say(hint)
 
 
 def down(
-    cluster: str = typer.Argument(..., help="Cluster name."),
+    cluster: str = CLUSTER,
     yes: bool = typer.Option(False, "--yes", "-y", help="Don't ask for confirmation."),
     json_: bool = JSON,
 ) -> None:
@@ -80,50 +81,32 @@ def down(
     import sys
 
     import gtrain.api as api
+    from gtrain.errors import ConfigError
 
-    if not yes and sys.stdin.isatty() and not json_:
-        # On a terminal, ask: down deletes the nodes and what is on them. Without a TTY (CI) it just runs.
-        _confirm(f"Tear down {cluster} and delete everything on its nodes?", False)
+    if not yes and json_:
+        raise ConfigError("--json needs --yes to delete: down deletes the nodes and everything on them",
+                          field="--yes", hint=f"gtrain down {cluster} --yes --json")
+    if not yes and sys.stdin.isatty():
+        # On a terminal, ask (default no): down deletes the nodes and what is on them. Without a TTY (CI)
+        # it just runs.
+        confirm(f"Tear down {cluster} and delete everything on its nodes?", False)
     res = api.down(cluster, report=out.CLIReporter())
     if json_:
         out.emit_json(res.to_dict())
         return
-    c = out.console()
     if res.already_down:
-        c.print(f"cluster {cluster} is already down; nothing to do.")
+        out.say(f"cluster {cluster} is already down; nothing to do.")
     else:
-        c.print(f"cluster {cluster} is down; every resource it made is deleted.")
+        out.say(f"cluster {cluster} is down; every resource it made is deleted.")
     out.cost_table(res.cost)
 
 
 def status(
-    cluster: str = typer.Argument(None, help="Show one cluster in detail (asks its nodes about its jobs)."),
+    cluster: str = typer.Argument(None, metavar="[CLUSTER]",
+                                  help="Show one cluster in detail (asks its nodes about its jobs)."),
     json_: bool = JSON,
 ) -> None:
     """Clusters and their jobs."""
-    out.set_json(json_)
-    import gtrain.api as api
+    from gtrain.cli.views import show_status
 
-    rows = api.status(cluster, report=out.CLIReporter())
-    if json_:
-        out.emit_json({"clusters": rows} if cluster is None else rows[0])
-        return
-    if not rows:
-        out.console().print("no clusters. `gtrain up SPEC` makes one.")
-        return
-    out.table(None, ["cluster", "provider", "status", "nodes", "type", "$/h", "up (h)", "last job", "job status"],
-              [[r["name"], r["provider"], r["status"], r["num_nodes"], r["instance_type"] or "-",
-                out.fmt_usd(r["price_per_hour"]), f"{r['uptime_hours']:.2f}",
-                r["jobs"][-1]["id"] if r["jobs"] else "-",
-                (r["jobs"][-1]["status"] + ("" if r["jobs"][-1]["exit_code"] is None
-                                            else f" (exit {r['jobs'][-1]['exit_code']})")) if r["jobs"] else "-"]
-               for r in rows])
-    if cluster is not None:
-        r = rows[0]
-        out.table("nodes", ["node", "address", "status", "zone", "detail"],
-                  [[n["rank"], n["address"] or "-", n["status"], n["zone"] or "-", n["detail"] or ""]
-                   for n in r["nodes"]])
-        out.table("jobs", ["job", "status", "exit", "started", "ended", "run"],
-                  [[j["id"], j["status"], "-" if j["exit_code"] is None else j["exit_code"],
-                    out.fmt_time(j["created_at"]),
-                    out.fmt_time(j["ended_at"]), j["run"] or "-"] for j in r["jobs"]])
+    show_status(cluster, json_)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from gtrain.cli import output as out
+from gtrain.cli.params import JSON, non_negative
 
 
 def register(app: typer.Typer) -> None:
@@ -13,7 +14,7 @@ def register(app: typer.Typer) -> None:
 
 
 def cost(
-    json_: bool = typer.Option(False, "--json", help="Print one JSON document on stdout and nothing else."),
+    json_: bool = JSON,
 ) -> None:
     """What every cluster ever run cost (running ones: so far)."""
     out.set_json(json_)
@@ -25,7 +26,7 @@ def cost(
                        "total_usd": round(sum(r.total_usd for r in reports), 6)})
         return
     if not reports:
-        out.console().print("no clusters have run yet.")
+        out.say("no clusters have run yet.")
         return
     rows = []
     for r in reports:
@@ -36,17 +37,19 @@ def cost(
                      f"{r.node_hours:.4f}", out.fmt_usd(r.total_usd) + ("*" if r.estimate else "")])
     out.table("cost history", ["cluster", "provider", "status", "start", "stop", "node-hours", "$"], rows)
     total = sum(r.total_usd for r in reports)
-    out.console().print(f"total: {out.fmt_usd(total)}" + ("  (* estimate)" if any(r.estimate for r in reports) else ""))
+    out.say(f"total: {out.fmt_usd(total)}" + ("  (* estimate)" if any(r.estimate for r in reports) else ""))
 
 
 def catalog(
-    gpu: str = typer.Option(None, "--gpu", help="Only this GPU model (exact name, e.g. A100, H100, L4)."),
-    count: int = typer.Option(None, "--count", help="Only offers with this many GPUs per node."),
-    provider: str = typer.Option(None, "--provider", help="aws or gcp (default: both, side by side)."),
-    region: str = typer.Option(None, "--region", help="Only this region."),
+    gpu: str = typer.Option(None, "--gpu", metavar="NAME",
+                            help="Only this GPU model (exact name, e.g. A100, H100, L4)."),
+    count: int = typer.Option(None, "--count", metavar="N", help="Only offers with this many GPUs per node."),
+    provider: str = typer.Option(None, "--provider", metavar="NAME",
+                                 help="A provider the catalog covers: aws or gcp (default: all, side by side)."),
+    region: str = typer.Option(None, "--region", metavar="REGION", help="Only this region."),
     spot: bool = typer.Option(False, "--spot", help="Sort by the spot price."),
-    limit: int = typer.Option(30, "--limit", help="Show at most this many rows (0: all)."),
-    json_: bool = typer.Option(False, "--json", help="Print one JSON document on stdout and nothing else."),
+    limit: int = typer.Option(30, "--limit", metavar="N", help="Show at most this many rows (0: all)."),
+    json_: bool = JSON,
     refresh: bool = typer.Option(False, "--refresh", help="Re-price the catalog from the AWS price list and the "
                                  "GCP Cloud Billing Catalog into $GTRAIN_HOME/catalog/ (gcp: GTRAIN_GCP_API_KEY)."),
 ) -> None:
@@ -57,8 +60,11 @@ def catalog(
     from gtrain import catalog as cat
     from gtrain.errors import ConfigError
 
-    if provider is not None and provider not in ("aws", "gcp"):
-        raise ConfigError(f"--provider {provider!r}: the catalog has aws and gcp", field="--provider")
+    if provider is not None and provider not in cat.PROVIDERS:
+        raise ConfigError(f"--provider {provider!r}: the catalog has {' and '.join(cat.PROVIDERS)}",
+                          field="--provider")
+    non_negative("--count", count, least=1)
+    non_negative("--limit", limit)
     if refresh:
         from gtrain.catalog.refresh import refresh as refresh_catalog
 
@@ -67,7 +73,7 @@ def catalog(
             out.emit_json({"refreshed": [r.to_dict() for r in done]})
             return
         for r in done:
-            out.console().print(r.summary())
+            out.say(r.summary())
         return
 
     rows = cat.offers(provider=provider, gpu=gpu, gpu_count=count, region=region, spot=spot)
@@ -78,11 +84,11 @@ def catalog(
         return
     if not rows:
         names = ", ".join(cat.gpu_names(provider))
-        out.console().print(f"no offers match. GPU names in the catalog: {names}")
+        out.say(f"no offers match. GPU names in the catalog: {names}")
         return
     out.table(None, ["provider", "instance type", "GPUs", "GPU mem", "vCPUs", "mem GiB", "region", "$/h",
                      "spot $/h*"],
               [[o.provider, o.instance_type,
                 o.accelerators, f"{o.gpu_memory_gib:g}", o.vcpus, f"{o.memory_gib:g}", o.region,
                 out.fmt_usd(o.price_ondemand), out.fmt_usd(o.price_spot)] for o in rows])
-    out.console().print(f"prices: catalog snapshot {cat.snapshot_date(provider)}; * spot prices are estimates")
+    out.say(f"prices: catalog snapshot {cat.snapshot_date(provider)}; * spot prices are estimates")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from gtrain.cli import output as out
+from gtrain.cli.params import JSON
 
 
 def register(app: typer.Typer) -> None:
@@ -12,12 +13,14 @@ def register(app: typer.Typer) -> None:
 
 
 def sync(
-    src: str = typer.Argument(..., help="A local folder, s3://bucket/prefix or gs://bucket/prefix."),
-    dst: str = typer.Argument(..., help="The other side: one of SRC and DST is local, the other a bucket URL."),
+    src: str = typer.Argument(..., metavar="SRC", help="A local folder, s3://bucket/prefix or gs://bucket/prefix.",
+                              show_default=False),
+    dst: str = typer.Argument(..., metavar="DST", show_default=False,
+                              help="The other side: one of SRC and DST is local, the other a bucket URL."),
     delete: bool = typer.Option(False, "--delete", help="Mirror: delete destination files the source lacks."),
     dry_run: bool = typer.Option(False, "--dry-run", help="List what would move; change nothing."),
-    workers: int = typer.Option(16, "--workers", min=1, max=128, help="Parallel transfers."),
-    json_: bool = typer.Option(False, "--json", help="Print one JSON document on stdout and nothing else."),
+    workers: int = typer.Option(16, "--workers", min=1, max=128, metavar="N", help="Parallel transfers."),
+    json_: bool = JSON,
 ) -> None:
     """Incremental, parallel, checksum-verified sync; an interrupted sync resumes."""
     import sys
@@ -34,11 +37,11 @@ def sync(
         return
     if dry_run:
         for a in res.actions:
-            out.console().print(f"would {a.kind} {a.path} ({a.size:,} bytes): {a.reason}", markup=False)
+            out.say(f"would {a.kind} {a.path} ({a.size:,} bytes): {a.reason}")
     verb = "would move" if dry_run else "moved"
-    out.console().print(
+    out.say(
         f"{verb}: {res.uploaded} up, {res.downloaded} down, {res.deleted} deleted, {res.skipped} unchanged; "
-        f"{res.bytes:,} bytes in {res.seconds:.2f}s", markup=False)
+        f"{res.bytes:,} bytes in {res.seconds:.2f}s")
 
 
 class _Bar:
@@ -56,7 +59,7 @@ class _Bar:
 
         self.p = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                           TextColumn("{task.fields[files]}"), TimeRemainingColumn(), transient=True,
-                          console=out.console(stderr=True))
+                          console=out.rich_console(stderr=True))
         self.task = self.p.add_task("sync", total=None, files="")
         self.p.start()
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import typer
 
 from gtrain.cli import output as out
-
-JSON = typer.Option(False, "--json", help="Print one JSON document on stdout and nothing else.")
+from gtrain.cli.params import CLUSTER, JOB, JSON, NAME, SPEC, YES_PAID, confirm_price, non_negative
 
 
 def register(app: typer.Typer) -> None:
@@ -14,6 +13,7 @@ def register(app: typer.Typer) -> None:
     app.command("logs")(logs)
     app.command("pull")(pull)
     app.command("run")(run)
+    app.command("cancel")(cancel)
 
 
 def _exit(code: int | None) -> None:
@@ -21,8 +21,8 @@ def _exit(code: int | None) -> None:
 
 
 def launch(
-    spec: str = typer.Argument(None, help="Path to the YAML spec (its job section is launched)."),
-    cluster: str = typer.Option(None, "--cluster", "-c", help="Launch on this existing cluster."),
+    spec: str = typer.Argument(None, metavar="[SPEC]", help="Path to the YAML spec (its job section is launched)."),
+    cluster: str = typer.Option(None, "--cluster", "-c", metavar="CLUSTER", help="Launch on this existing cluster."),
     wait: bool = typer.Option(False, "--wait", "-w", help="Follow the logs; exit with the job's own exit code."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the rendered launch script; start nothing."),
     force: bool = typer.Option(False, "--force", help="Cancel a job still running on the cluster first."),
@@ -40,7 +40,7 @@ def launch(
         else:
             for node, scripts in res.scripts.items():
                 for name, text in scripts.items():
-                    out.console().print(f"# ---- node {node}: {name} ----", markup=False)
+                    out.say(f"# ---- node {node}: {name} ----")
                     print(text, end="")
         return
     if not wait:
@@ -59,16 +59,20 @@ def launch(
 
 
 def logs(
-    cluster: str = typer.Argument(..., help="Cluster name."),
-    job: str = typer.Option(None, "--job", help="Job id (default: the newest job)."),
+    cluster: str = CLUSTER,
+    job: str = JOB,
     follow: bool = typer.Option(False, "--follow", "-f",
                                 help="Keep following; end when the job ends, with its exit code."),
-    node: int = typer.Option(None, "--node", help="Only this node."),
-    rank: int = typer.Option(None, "--rank", help="Only this global rank."),
-    tail: int = typer.Option(None, "--tail", help="Start with the last N lines of each log."),
+    node: int = typer.Option(None, "--node", metavar="K", help="Only this node."),
+    rank: int = typer.Option(None, "--rank", metavar="R", help="Only this global rank."),
+    tail: int = typer.Option(None, "--tail", metavar="N", help="Start with the last N lines of each log."),
 ) -> None:
     """Every node's and rank's output, each line prefixed [node K rank R]."""
     import gtrain.api as api
+
+    non_negative("--node", node)
+    non_negative("--rank", rank)
+    non_negative("--tail", tail)
 
     final = api.logs(cluster, job_id=job, follow=follow, tail=tail, node=node, rank=rank,
                      on_line=out.LinePrinter(), report=out.CLIReporter())
@@ -78,55 +82,72 @@ def logs(
 
 
 def pull(
-    cluster: str = typer.Argument(..., help="Cluster name."),
-    job: str = typer.Option(None, "--job", help="Job id (default: the newest job)."),
-    to: str = typer.Option(None, "--to", help="Destination folder (default: ./<cluster>-<checkpoint_dir>)."),
-    node: int = typer.Option(None, "--node", help="Only this node (default: every node's files, merged)."),
+    cluster: str = CLUSTER,
+    job: str = JOB,
+    to: str = typer.Option(None, "--to", metavar="DIR",
+                           help="Destination folder (default: ./<cluster>-<checkpoint_dir>)."),
+    node: int = typer.Option(None, "--node", metavar="K", help="Only this node (default: every node's files, merged)."),
     json_: bool = JSON,
 ) -> None:
     """Bring checkpoint_dir back, every file verified by sha256; re-runs move only what changed."""
     out.set_json(json_)
     import gtrain.api as api
 
+    non_negative("--node", node)
     res = api.pull(cluster, job_id=job, to=to, node=node, report=out.CLIReporter())
     if json_:
         out.emit_json(res.to_dict())
         return
-    out.console().print(
+    out.say(
         f"pulled {len(res.transferred)} file(s) ({res.bytes:,} bytes), {len(res.skipped)} unchanged, "
         f"{len(res.resumed)} resumed, all sha256-verified -> {res.dest}")
 
 
 def run(
-    spec: str = typer.Argument(..., help="Path to the YAML spec."),
-    name: str = typer.Option(None, "--name", help="Cluster name (overrides name: in the spec)."),
+    spec: str = SPEC,
+    name: str = NAME,
     keep: bool = typer.Option(False, "--keep", help="Leave the cluster up afterwards."),
-    to: str = typer.Option(None, "--to", help="Where to pull checkpoints (default: ./<cluster>-<checkpoint_dir>)."),
-    yes: bool = typer.Option(False, "--yes", "-y", help="Don't ask before creating paid resources."),
+    to: str = typer.Option(None, "--to", metavar="DIR",
+                           help="Where to pull checkpoints (default: ./<cluster>-<checkpoint_dir>)."),
+    yes: bool = YES_PAID,
     json_: bool = JSON,
 ) -> None:
     """up + launch --wait + pull + down, in one command; exits with the job's own exit code."""
     out.set_json(json_)
     import gtrain.api as api
-    from gtrain.cli.cluster_cmds import _confirm
     from gtrain.spec import load_spec
 
     parsed = load_spec(spec, name=name)
     rep = out.CLIReporter()
-    if parsed.provider not in ("local", "ssh"):
-        plan = api.up(parsed, dry_run=True, report=rep).plan
-        _confirm(f"Create {plan.num_nodes} {plan.instance_type} node(s) at "
-                 f"{out.fmt_usd(plan.cluster_price_per_hour)}/h?", yes)
+    confirm_price(parsed, yes, rep)
     res = api.run(parsed, keep=keep, to=to, on_line=None if json_ else out.LinePrinter(), report=rep)
     if json_:
         out.emit_json(res.to_dict())
     else:
         if res.pulled:
-            out.console().print(f"checkpoints: {len(res.pulled.transferred)} file(s) pulled and verified -> "
+            out.say(f"checkpoints: {len(res.pulled.transferred)} file(s) pulled and verified -> "
                                 f"{res.pulled.dest}")
         out.err(f"job {res.job_id} {res.status} (exit {res.exit_code})")
         if res.down:
             out.cost_table(res.down.cost)
         elif keep:
-            out.console().print(f"cluster {res.cluster} kept up (--keep): `gtrain down {res.cluster}` when done")
+            out.say(f"cluster {res.cluster} kept up (--keep): `gtrain down {res.cluster}` when done")
     _exit(res.exit_code)
+
+
+def cancel(
+    cluster: str = CLUSTER,
+    job: str = typer.Option(None, "--job", metavar="ID", help="Job id (default: the running job)."),
+    json_: bool = JSON,
+) -> None:
+    """Stop the cluster's running job (or --job ID); the nodes and their files stay."""
+    out.set_json(json_)
+    import gtrain.api as api
+
+    res = api.cancel(cluster, job_id=job, report=out.CLIReporter())  # type: ignore[attr-defined]
+    doc = res.to_dict()
+    if json_:
+        out.emit_json(doc)
+        return
+    code = doc.get("exit_code")
+    out.say(f"job {doc['job_id']} {doc['status']}" + ("" if code is None else f" (exit {code})"))

@@ -3,13 +3,16 @@ and errors go to stderr. Colour only on a TTY (and never with NO_COLOR)."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
-from typing import Any
 
 from gtrain.events import Reporter
+
+TYPE_CHECKING = False  # typing itself costs ~5 ms of start-up
+
+if TYPE_CHECKING:
+    from typing import Any
 
 _json_mode = False
 
@@ -27,17 +30,40 @@ def _color(stream: Any) -> bool:
     return stream.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
 
 
-def console(stderr: bool = False) -> Any:
+class Plain:
+    """What the commands print results with: plain text on stdout (or stderr), no markup, no rich."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def print(self, *objs: Any, markup: bool = False, end: str = "\n") -> None:
+        self.stream.write(" ".join(str(o) for o in objs) + end)
+        self.stream.flush()
+
+
+def console(stderr: bool = False) -> Plain:
+    return Plain(sys.stderr if stderr else sys.stdout)
+
+
+def rich_console(stderr: bool = False) -> Any:
+    """A rich Console, for what needs rich itself (the sync progress bar); imports rich."""
     from rich.console import Console
 
     stream = sys.stderr if stderr else sys.stdout
     tty = _color(stream)
-    # Not a terminal (CI, a pipe): don't wrap tables at 80 columns.
     return Console(file=stream, no_color=not tty, highlight=False, soft_wrap=True,
-                   force_terminal=None if tty else False, width=None if stream.isatty() else 240)
+                   force_terminal=None if tty else False)
+
+
+def say(msg: str) -> None:
+    """One result line on stdout."""
+    sys.stdout.write(msg + "\n")
+    sys.stdout.flush()
 
 
 def emit_json(doc: Any) -> None:
+    import json
+
     sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n")
     sys.stdout.flush()
 
@@ -102,15 +128,61 @@ def fmt_usd(v: float | None) -> str:
     return f"${v:,.4f}" if v < 1 else f"${v:,.2f}"
 
 
-def table(title: str | None, columns: list[str], rows: list[list[Any]]) -> None:
-    from rich.table import Table
+def width_limit(stream: Any = None) -> int | None:
+    """How wide a table may be: ``COLUMNS`` when set, the terminal's width on a terminal, else no limit
+    (a pipe or a file gets whole lines)."""
+    stream = stream or sys.stdout
+    env = os.environ.get("COLUMNS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    if stream.isatty():
+        import shutil
 
-    t = Table(title=title, box=None, header_style="bold", pad_edge=False, title_justify="left")
-    for c in columns:
-        t.add_column(c, overflow="fold")
-    for r in rows:
-        t.add_row(*[str(x) for x in r])
-    console().print(t)
+        return shutil.get_terminal_size().columns
+    return None
+
+
+def _fit(natural: list[int], floor: list[int], limit: int | None) -> list[int]:
+    """Column widths: the natural ones, narrowed (widest first, never below a column's longest word) until
+    the row fits ``limit``; a row that cannot fit stays wider rather than break a word."""
+    widths = list(natural)
+    if limit is None:
+        return widths
+    while sum(widths) + 2 * (len(widths) - 1) > limit:
+        shrinkable = [i for i, w in enumerate(widths) if w > floor[i]]
+        if not shrinkable:
+            break
+        i = max(shrinkable, key=lambda k: widths[k])
+        widths[i] -= 1
+    return widths
+
+
+def render_table(columns: list[str], rows: list[list[Any]], limit: int | None, bold: bool = False) -> list[str]:
+    """The lines of a table: columns two spaces apart, a cell wrapped inside its column at spaces only."""
+    import textwrap
+
+    cells = [[str(c) for c in columns]] + [[str(x) for x in r] for r in rows]
+    n = len(columns)
+    natural = [max(len(r[i]) for r in cells) for i in range(n)]
+    floor = [max((len(w) for r in cells for w in r[i].split()), default=0) for i in range(n)]
+    widths = _fit(natural, floor, limit)
+    lines = []
+    for k, r in enumerate(cells):
+        wrapped = [textwrap.wrap(c, w, break_long_words=False, break_on_hyphens=False) or [""]
+                   for c, w in zip(r, widths, strict=True)]
+        for j in range(max(len(x) for x in wrapped)):
+            parts = [(x[j] if j < len(x) else "").ljust(w) for x, w in zip(wrapped, widths, strict=True)]
+            line = "  ".join(parts).rstrip()
+            lines.append(f"\x1b[1m{line}\x1b[0m" if bold and k == 0 else line)
+    return lines
+
+
+def table(title: str | None, columns: list[str], rows: list[list[Any]]) -> None:
+    lines = render_table(columns, rows, width_limit(), bold=_color(sys.stdout))
+    if title:
+        lines.insert(0, title)
+    sys.stdout.write("".join(ln + "\n" for ln in lines))
+    sys.stdout.flush()
 
 
 def cost_table(report: Any) -> None:
@@ -120,4 +192,4 @@ def cost_table(report: Any) -> None:
     table(f"cost of {report.cluster} ({report.provider})",
           ["node", "instance type", "market", "start", "stop", "hours", "$/h", "$"], rows)
     note = "  (* estimate)" if report.estimate else ""
-    console().print(f"total: {fmt_usd(report.total_usd)} for {report.node_hours:.4f} node-hours{note}")
+    say(f"total: {fmt_usd(report.total_usd)} for {report.node_hours:.4f} node-hours{note}")

@@ -111,7 +111,7 @@ def test_down_twice_and_cost_history(tmp_path: Path) -> None:
     assert up["created"] is True and up["status"] == "up"
     again = json.loads(gtrain("up", s, "--json").stdout)
     assert again["created"] is False
-    d1 = json.loads(gtrain("down", "twice", "--json").stdout)
+    d1 = json.loads(gtrain("down", "twice", "--json", "--yes").stdout)
     assert d1["already_down"] is False and len(d1["cost"]["lines"]) == 2 and d1["cost"]["total_usd"] == 0
     r2 = gtrain("down", "twice")
     assert r2.returncode == 0 and "already down" in r2.stdout

@@ -61,6 +61,7 @@ class _Target:
 class AWSProvider(AWSInstances, AWSNetwork, AWSTeardown, IdleWatch):
     name = "aws"
     billing_minimum_s = 60.0
+    confirms_cost = True
     nodes_enforce_limits = True
 
     # ---- plan ----

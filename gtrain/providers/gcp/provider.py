@@ -54,6 +54,7 @@ PD_USD_PER_GB_MONTH = {"pd-balanced": 0.10, "pd-ssd": 0.17, "pd-standard": 0.04}
 class GCPProvider(GCPInstances, GCPZones, GCPTeardown, IdleWatch):
     name = "gcp"
     billing_minimum_s = 60.0
+    confirms_cost = True
     nodes_enforce_limits = True
 
     def _opts(self, cluster: Cluster) -> GCPOptions:

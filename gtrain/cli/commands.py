@@ -1,0 +1,41 @@
+"""The command table: each command's module and its one-line help, so that `gtrain --help` is printed, and
+the Typer group lists its commands, without importing any command module (see ``gtrain/cli/app.py``).
+
+A test checks each line here against the command's own docstring (its first paragraph)."""
+
+from __future__ import annotations
+
+PROG = "gtrain"
+
+ROOT_HELP = "Run PyTorch training on GPU machines gtrain rents, and leave nothing running that nobody watches."
+
+#: (name, module under gtrain.cli, help), in the order `gtrain --help` lists them
+COMMANDS: tuple[tuple[str, str, str], ...] = (
+    ("up", "cluster_cmds", "Provision the cluster's nodes."),
+    ("down", "cluster_cmds", "Stop jobs, delete every resource of the cluster, print what it cost."),
+    ("status", "cluster_cmds", "Clusters and their jobs."),
+    ("launch", "job_cmds", "Sync the workdir, run setup, start torchrun on every node (detached); print the job id."),
+    ("logs", "job_cmds", "Every node's and rank's output, each line prefixed [node K rank R]."),
+    ("pull", "job_cmds", "Bring checkpoint_dir back, every file verified by sha256; re-runs move only what changed."),
+    ("run", "job_cmds", "up + launch --wait + pull + down, in one command; exits with the job's own exit code."),
+    ("cancel", "job_cmds", "Stop the cluster's running job (or --job ID); the nodes and their files stay."),
+    ("cost", "cost_cmds", "What every cluster ever run cost (running ones: so far)."),
+    ("catalog", "cost_cmds", "GPU instance offers from the shipped catalog, cheapest first."),
+    ("gc", "gc_cmds", "List resources tagged by gtrain that no live cluster in state owns; delete them with --yes."),
+    ("ssh", "node_cmds", "Open a shell on a node, or run CMD there: gtrain ssh CLUSTER [SSH-ARGS]... [-- CMD...]."),
+    ("exec", "node_cmds", "Run a command on every node (or one): gtrain exec CLUSTER -- CMD ...; exit code = the worst "
+                          "node's."),
+    ("ssh-forget", "node_cmds", "Forget a host's pinned SSH key (after the host was rebuilt); the next `gtrain up` "
+                                "pins the new one."),
+    ("sync", "data_cmds", "Incremental, parallel, checksum-verified sync; an interrupted sync resumes."),
+)
+
+MODULES: dict[str, str] = {name: module for name, module, _ in COMMANDS}
+
+#: the root's options as `--help` lists them (Typer adds the completion ones, click the help option)
+ROOT_OPTIONS: tuple[tuple[str, str], ...] = (
+    ("--version", "Show the version."),
+    ("--install-completion", "Install completion for the current shell."),
+    ("--show-completion", "Show completion for the current shell, to copy it or customize the installation."),
+    ("-h, --help", "Show this message and exit."),
+)

@@ -1,0 +1,51 @@
+"""Typer parameters shared by the command modules, with plain metavars (CLUSTER, SPEC, TEXT, N)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+
+JSON: Any = typer.Option(False, "--json", help="Print one JSON document on stdout and nothing else.")
+YES_PAID: Any = typer.Option(False, "--yes", "-y", help="Don't ask before creating paid resources.")
+CLUSTER: Any = typer.Argument(..., metavar="CLUSTER", help="Cluster name.", show_default=False)
+SPEC: Any = typer.Argument(..., metavar="SPEC", help="Path to the YAML spec.", show_default=False)
+NAME: Any = typer.Option(None, "--name", metavar="NAME", help="Cluster name (overrides name: in the spec).")
+JOB: Any = typer.Option(None, "--job", metavar="ID", help="Job id (default: the newest job).")
+
+
+def non_negative(flag: str, value: int | None, least: int = 0) -> None:
+    """A count or index flag below ``least``: exit 2 naming the flag."""
+    from gtrain.errors import ConfigError
+
+    if value is not None and value < least:
+        what = "a positive number" if least == 1 else "0 or more"
+        raise ConfigError(f"{flag} {value}: must be {what}", field=flag, hint=f"give {flag} {max(least, 0)} or more")
+
+
+def confirm(msg: str, yes: bool, default: bool = False) -> None:
+    """Ask ``msg`` on the terminal (default: no) unless ``yes``; no terminal and no --yes: exit 2."""
+    import sys
+
+    from gtrain.errors import ConfigError
+
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise ConfigError(f"{msg} needs confirmation and there is no terminal to ask", field="--yes",
+                          hint="pass --yes to confirm non-interactively")
+    if not typer.confirm(msg, default=default, err=True):
+        raise typer.Exit(1)
+
+
+def confirm_price(spec: Any, yes: bool, report: Any) -> None:
+    """For a provider that rents by the hour (``confirms_cost``): show the price and ask before making nodes."""
+    import gtrain.api as api
+    from gtrain.cli import output as out
+    from gtrain.providers import provider_class
+
+    if not provider_class(spec.provider).confirms_cost:
+        return
+    plan = api.up(spec, dry_run=True, report=report).plan
+    confirm(f"Create {plan.num_nodes} {plan.instance_type} node(s) at {out.fmt_usd(plan.cluster_price_per_hour)}/h?",
+            yes)

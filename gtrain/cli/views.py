@@ -1,0 +1,39 @@
+"""What some commands print, apart from their Typer signatures, so that the fast path (``gtrain/cli/fast.py``)
+can print it without importing typer."""
+
+from __future__ import annotations
+
+from gtrain.cli import output as out
+
+
+def _job_cell(jobs: list[dict]) -> str:  # type: ignore[type-arg]
+    if not jobs:
+        return "-"
+    j = jobs[-1]
+    return j["status"] + ("" if j["exit_code"] is None else f" (exit {j['exit_code']})")
+
+
+def show_status(cluster: str | None, json_: bool) -> None:
+    """`gtrain status [CLUSTER] [--json]`."""
+    out.set_json(json_)
+    import gtrain.api as api
+
+    rows = api.status(cluster, report=out.CLIReporter())
+    if json_:
+        out.emit_json({"clusters": rows} if cluster is None else rows[0])
+        return
+    if not rows:
+        out.say("no clusters. `gtrain up SPEC` makes one.")
+        return
+    out.table(None, ["cluster", "provider", "status", "nodes", "type", "$/h", "up (h)", "last job", "job status"],
+              [[r["name"], r["provider"], r["status"], r["num_nodes"], r["instance_type"] or "-",
+                out.fmt_usd(r["price_per_hour"]), f"{r['uptime_hours']:.2f}",
+                r["jobs"][-1]["id"] if r["jobs"] else "-", _job_cell(r["jobs"])] for r in rows])
+    if cluster is not None:
+        r = rows[0]
+        out.table("nodes", ["node", "address", "status", "zone", "detail"],
+                  [[n["rank"], n["address"] or "-", n["status"], n["zone"] or "-", n["detail"] or ""]
+                   for n in r["nodes"]])
+        out.table("jobs", ["job", "status", "exit", "started", "ended", "run"],
+                  [[j["id"], j["status"], "-" if j["exit_code"] is None else j["exit_code"],
+                    out.fmt_time(j["created_at"]), out.fmt_time(j["ended_at"]), j["run"] or "-"] for j in r["jobs"]])

@@ -1,0 +1,92 @@
+"""A missing optional dependency is named with the extra that installs it (exit 2), never "a bug in gtrain";
+and each extra in pyproject.toml holds everything its provider imports."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+BLOCKER = """
+import sys
+
+BLOCKED = {blocked!r}
+
+
+class _Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, _Block())
+"""
+
+
+def run_blocked(tmp_path: Path, blocked: list[str], *args: str) -> subprocess.CompletedProcess[str]:
+    site = tmp_path / "blocker"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(BLOCKER.format(blocked=blocked))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), *sys.path])}
+    return subprocess.run([sys.executable, "-m", "gtrain", *args], capture_output=True, text=True, timeout=60,
+                          env=env, stdin=subprocess.DEVNULL)
+
+
+SSH_SPEC = "name: lab\nprovider: ssh\nnum_nodes: 1\nssh:\n  hosts: [127.0.0.1]\n  port: 1\n"
+
+
+def test_ssh_provider_without_paramiko_names_the_extra(tmp_path: Path) -> None:
+    spec = tmp_path / "lab.yaml"
+    spec.write_text(SSH_SPEC)
+    r = run_blocked(tmp_path, ["paramiko"], "up", str(spec))
+    assert r.returncode == 2, r.stderr
+    assert "this needs the `ssh` extra" in r.stderr and "pip install 'gtrain[ssh]'" in r.stderr
+    assert "bug in gtrain" not in r.stderr and "Traceback" not in r.stderr
+
+
+def test_missing_extra_under_json_is_one_document(tmp_path: Path) -> None:
+    spec = tmp_path / "lab.yaml"
+    spec.write_text(SSH_SPEC)
+    r = run_blocked(tmp_path, ["paramiko"], "up", str(spec), "--json")
+    assert r.returncode == 2, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["error"] == "MissingExtra" and doc["extra"] == "ssh" and doc["hint"] == "pip install 'gtrain[ssh]'"
+
+
+@pytest.mark.parametrize(("module", "extra"), [("paramiko", "ssh"), ("botocore", "aws"), ("boto3", "aws"),
+                                               ("google.cloud.storage", "gcp"), ("cryptography", "ssh"),
+                                               ("torch", "train")])
+def test_each_sdk_maps_to_its_extra(module: str, extra: str) -> None:
+    from gtrain.cli.app import missing_extra
+
+    try:
+        raise RuntimeError("wrapped") from ModuleNotFoundError(f"No module named {module!r}", name=module)
+    except RuntimeError as e:
+        assert missing_extra(e) == (module, extra)
+    assert missing_extra(ModuleNotFoundError("No module named 'gtrain.nope'", name="gtrain.nope")) is None
+
+
+def test_extras_are_complete(repo_root: Path) -> None:
+    extras = tomllib.loads((repo_root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+    def names(extra: str) -> set[str]:
+        out: set[str] = set()
+        for d in extras[extra]:
+            name = d.split(">")[0].split("[")[0].split("=")[0].strip().lower()
+            if name == "gtrain":  # a self-reference: gtrain[a,b]
+                for sub in d.split("[", 1)[1].rstrip("]").split(","):
+                    out |= names(sub.strip())
+            else:
+                out.add(name)
+        return out
+
+    assert {"paramiko", "cryptography"} <= names("ssh")
+    assert {"boto3", "botocore", "cryptography", "paramiko"} <= names("aws")
+    assert {"google-cloud-compute", "google-cloud-storage", "paramiko", "cryptography"} <= names("gcp")
+    assert names("ssh") | names("aws") | names("gcp") | names("train") <= names("all")
