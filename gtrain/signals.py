@@ -20,6 +20,7 @@ HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _state = threading.local()
 _pending: list[int] = []
 _on_deferred: list[Callable[[int], None]] = []
+_last: list[int] = []
 
 
 class Interrupted(KeyboardInterrupt):
@@ -35,7 +36,11 @@ class Interrupted(KeyboardInterrupt):
 
 
 def exit_code_of(exc: BaseException) -> int:
-    return exc.exit_code if isinstance(exc, Interrupted) else 130
+    """128 + the signal that stopped us (the exception may have been re-raised as a plain KeyboardInterrupt by
+    a library on the way out, so the last signal received decides); 130 for a bare KeyboardInterrupt."""
+    if isinstance(exc, Interrupted):
+        return exc.exit_code
+    return 128 + _last[0] if _last else 130
 
 
 def _depth() -> int:
@@ -43,6 +48,7 @@ def _depth() -> int:
 
 
 def _handler(signum: int, _frame: FrameType | None) -> None:
+    _last[:] = [signum]
     if _depth() > 0:
         _pending.append(signum)
         for cb in list(_on_deferred):

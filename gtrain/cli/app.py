@@ -8,6 +8,7 @@ command runs (``gtrain/cli/commands.py`` holds the names and help lines)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -75,6 +76,21 @@ def build_app() -> Any:
                     self.commands.setdefault(cmd.name or "", cmd)
             return self.commands.get(cmd_name)
 
+        def invoke(self, ctx: Any) -> Any:
+            try:
+                return super().invoke(ctx)
+            except KeyboardInterrupt as e:  # Typer would make every signal exit 130: keep 128 + its number
+                from gtrain.signals import exit_code_of
+
+                code = exit_code_of(e)
+                with contextlib.suppress(OSError, ValueError):
+                    err("Interrupted." if code == 130 else f"Interrupted (signal {code - 128}).")
+                raise SystemExit(code) from None
+            except BrokenPipeError:  # stdout closed under us (`gtrain down | head -1`): the work is done
+                with contextlib.suppress(OSError):
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                raise SystemExit(0) from None
+
         def format_commands(self, ctx: Any, formatter: Any) -> None:
             limit = formatter.width - 6 - max(len(name) for name, _, _ in COMMANDS)
             with formatter.section("Commands"):
@@ -125,6 +141,10 @@ def main() -> None:
     debug = os.environ.get("GTRAIN_DEBUG") == "1"
     argv = sys.argv[1:]
     try:
+        if not (argv[:1] == ["status"] or argv[:1] in (["--help"], ["-h"], ["--version"]) or not argv):
+            from gtrain import signals
+
+            signals.install()  # SIGTERM / SIGHUP end a command as Ctrl+C does: teardown, rollback, exit 128+N
         from gtrain.cli.fast import handle
 
         code = handle(argv)
@@ -137,9 +157,17 @@ def main() -> None:
 
             traceback.print_exc()
         _exit_with(e.to_dict(), e.message, e.hint, e.exit_code)
-    except KeyboardInterrupt:
-        err("Interrupted.")
-        sys.exit(130)
+    except KeyboardInterrupt as e:
+        from gtrain.signals import exit_code_of
+
+        code = exit_code_of(e)
+        with contextlib.suppress(OSError, ValueError):
+            err("Interrupted." if code == 130 else f"Interrupted ({e}).")
+        sys.exit(code)
+    except BrokenPipeError:  # stdout closed under us (`gtrain ... | head -1`): what had to happen has happened
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
     except Exception as e:  # noqa: BLE001 - the last line of defence: one line, not a traceback
         if debug:
             raise

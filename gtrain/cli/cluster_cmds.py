@@ -45,6 +45,10 @@ def up(
     spec: str = SPEC,
     name: str = NAME,
     dry_run: bool = typer.Option(False, "--dry-run", help="Show the plan and the price; create nothing."),
+    keep_failed: bool = typer.Option(False, "--keep-failed", help="If up fails, keep what it made (to look at "
+                                     "it; `gtrain down` deletes it). Default: delete it."),
+    recreate: bool = typer.Option(False, "--recreate", help="If the cluster is up with another shape, replace "
+                                  "it (down, then up). Default: refuse."),
     yes: bool = YES_PAID,
     json_: bool = JSON,
 ) -> None:
@@ -57,7 +61,7 @@ def up(
     rep = out.CLIReporter()
     if not dry_run:
         confirm_price(parsed, yes, rep)
-    res = api.up(parsed, dry_run=dry_run, report=rep)
+    res = api.up(parsed, dry_run=dry_run, keep_failed=keep_failed, recreate=recreate, report=rep)
     if json_:
         out.emit_json(res.to_dict())
         return

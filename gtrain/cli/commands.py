@@ -20,7 +20,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("run", "job_cmds", "up + launch --wait + pull + down, in one command; exits with the job's own exit code."),
     ("cancel", "job_cmds", "Stop the cluster's running job (or --job ID); the nodes and their files stay."),
     ("cost", "cost_cmds", "What every cluster ever run cost (running ones: so far)."),
-    ("catalog", "cost_cmds", "GPU instance offers from the shipped catalog, cheapest first."),
+    ("catalog", "cost_cmds", "GPU instance offers from the catalog (shipped, or your refreshed copy), cheapest first."),
     ("gc", "gc_cmds", "List resources tagged by gtrain that no live cluster in state owns; delete them with --yes."),
     ("ssh", "node_cmds", "Open a shell on a node, or run CMD there: gtrain ssh CLUSTER [SSH-ARGS]... [-- CMD...]."),
     ("exec", "node_cmds", "Run a command on every node (or one): gtrain exec CLUSTER -- CMD ...; exit code = the worst "

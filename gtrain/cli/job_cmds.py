@@ -120,7 +120,16 @@ def run(
     parsed = load_spec(spec, name=name)
     rep = out.CLIReporter()
     confirm_price(parsed, yes, rep)
-    res = api.run(parsed, keep=keep, to=to, on_line=None if json_ else out.LinePrinter(), report=rep)
+    try:
+        res = api.run(parsed, keep=keep, to=to, on_line=None if json_ else out.LinePrinter(), report=rep)
+    except KeyboardInterrupt as e:  # torn down already (api.run): say what it cost, then exit 128+N
+        done = getattr(e, "run_result", None)
+        if done is not None and done.down is not None:
+            if json_:
+                out.emit_json(done.to_dict())
+            else:
+                out.cost_table(done.down.cost)
+        raise
     if json_:
         out.emit_json(res.to_dict())
     else:
@@ -144,7 +153,7 @@ def cancel(
     out.set_json(json_)
     import gtrain.api as api
 
-    res = api.cancel(cluster, job_id=job, report=out.CLIReporter())  # type: ignore[attr-defined]
+    res = api.cancel(cluster, job_id=job, report=out.CLIReporter())
     doc = res.to_dict()
     if json_:
         out.emit_json(doc)
