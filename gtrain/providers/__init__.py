@@ -11,7 +11,7 @@ class, never a provider's name.
 from __future__ import annotations
 
 import importlib
-from functools import cache, lru_cache
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from gtrain.errors import ConfigError
@@ -64,7 +64,7 @@ def provider_names() -> list[str]:
     return sorted({*REGISTRY, *_ADDED, *_entry_points()})
 
 
-@cache
+@lru_cache(maxsize=None)
 def provider_class(name: str) -> type[Provider]:
     """The provider's class (its module imported; the SDK it uses is not, until used)."""
     target = _target(name)
