@@ -28,18 +28,19 @@ from gtrain.remote.ssh.connect import (
     WINDOW_SIZE,
     ConnectOptions,
     close_all,
+    forget_host,
     pool_stats,
 )
 from gtrain.remote.ssh.hostkeys import (
     HostKeyCallback,
     fingerprint_sha256,
-    forget_host,
     known_hosts_name,
     known_hosts_path,
     parse_key_line,
     pin_host_key,
     pinned_keys,
     ssh_dir,
+    unpin_host,
 )
 from gtrain.remote.ssh.hostkeys import _policy as _policy
 from gtrain.remote.ssh.hostkeys import _Refused as _Refused
@@ -72,4 +73,5 @@ __all__ = [
     "runner_from_node",
     "ssh_config_block",
     "ssh_dir",
+    "unpin_host",
 ]
