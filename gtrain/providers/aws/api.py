@@ -21,6 +21,7 @@ from gtrain.errors import (
     ProviderError,
     QuotaError,
 )
+from gtrain.providers.cloud.errors import with_code
 from gtrain.providers.cloud.keys import owner
 
 if TYPE_CHECKING:
@@ -75,12 +76,12 @@ def translate(e: BaseException, what: str) -> GtrainError:
         text = f"{what}: {code}: {msg}"
         if code in CAPACITY_CODES:
             ce = CapacityError(text)
-            ce.code = code  # type: ignore[attr-defined]
+            with_code(ce, code)
             return ce
         if code in QUOTA_CODES:
             qe = QuotaError(text, hint="ask AWS for a higher quota (Service Quotas: 'Running On-Demand/Spot "
                                        "... instances'), or use another region")
-            qe.code = code  # type: ignore[attr-defined]
+            with_code(qe, code)
             return qe
         if code in CREDENTIAL_CODES:
             return CredentialsError(text, hint="check the profile / keys, and that the region is enabled")
@@ -89,14 +90,14 @@ def translate(e: BaseException, what: str) -> GtrainError:
         if code.startswith("InvalidAMIID"):
             return ConfigError(text, hint="check resources.image_id (AMIs are per region)", field="resources.image_id")
         pe = ProviderError(text)
-        pe.code = code  # type: ignore[attr-defined]
+        with_code(pe, code)
         return pe
     if isinstance(e, bx.EndpointConnectionError | bx.ConnectTimeoutError | bx.ReadTimeoutError):
         return ProviderError(f"{what}: cannot reach the EC2 endpoint ({e})",
                              hint="check the network / AWS_ENDPOINT_URL")
     if isinstance(e, ResponseParserError):
         pe = ProviderError(f"{what}: the endpoint sent an unreadable answer ({str(e).splitlines()[0][:200]})")
-        pe.code = "UnreadableResponse"  # type: ignore[attr-defined]
+        with_code(pe, "UnreadableResponse")
         return pe
     if isinstance(e, bx.BotoCoreError):
         return ProviderError(f"{what}: {e}")

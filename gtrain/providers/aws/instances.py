@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from gtrain.errors import CapacityError, GtrainError, ProviderError
 from gtrain.providers.aws import api
 from gtrain.providers.aws.api import TAG_RANK
+from gtrain.providers.cloud.errors import with_code
 from gtrain.providers.cloud.keys import key_path
 from gtrain.providers.cloud.lifetime import lifetime_s
 from gtrain.providers.cloud.ssh_access import wait_ssh, write_ssh_config
@@ -234,7 +235,7 @@ class AWSInstances:
                     msg = f"{iid} went {st} while starting: {reason.get('Message') or code or 'no reason given'}"
                     if "Capacity" in code or "Spot" in code or "Insufficient" in code:
                         cap = CapacityError(msg)
-                        cap.code = code  # type: ignore[attr-defined]
+                        with_code(cap, code)
                         raise cap
                     raise ProviderError(msg)
             if len(by_id) == len(ids) and all(i["State"]["Name"] == "running" for i in by_id.values()):

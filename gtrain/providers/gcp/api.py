@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gtrain.errors import CapacityError, ConfigError, CredentialsError, GtrainError, ProviderError, QuotaError
+from gtrain.providers.cloud.errors import with_code
 
 ENDPOINT_ENV = "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE"
 
@@ -143,7 +144,7 @@ def classify(codes: list[str], message: str, status: int | None, what: str) -> G
                                           "the Compute Engine API is enabled in gcp.project")
     else:
         err = ProviderError(text)
-    err.code = code  # type: ignore[attr-defined,union-attr]
+    with_code(err, code)
     return err
 
 
