@@ -61,6 +61,10 @@ NODE_STATES: Mapping[str, JobState] = {
 }
 
 
+#: the exit code of a job that was cancelled (as a shell reports Ctrl+C)
+CANCEL_EXIT = 130
+
+
 @dataclass
 class RankStatus:
     rank: int  # global rank
@@ -151,6 +155,37 @@ class NodeEnded:
     #: the backend's own word for the end (``succeeded``, ``missing``, ``unreachable``, ``TIMEOUT``)
     detail: str = ""
     error: str | None = None
+
+
+def aggregate(nodes: list[NodeJobStatus]) -> tuple[JobState, int | None]:
+    """The job's state and exit code from its nodes' states."""
+    names = [n.detail for n in nodes]
+    if "unreachable" in names:
+        return JobState.FAILED, 255
+    if all(n.state.terminal for n in nodes):
+        if all(n.state is JobState.SUCCEEDED for n in nodes):
+            return JobState.SUCCEEDED, 0
+        if any(n.state is JobState.FAILED for n in nodes):  # a node failed; others may have been stopped for it
+            return JobState.FAILED, job_exit_code(nodes)
+        if any(n.state is JobState.PREEMPTED for n in nodes):
+            return JobState.PREEMPTED, None
+        return JobState.CANCELLED, CANCEL_EXIT
+    if "missing" in names and not any(n.state is JobState.RUNNING for n in nodes):
+        return JobState.FAILED, 1
+    if any(n.state is JobState.RUNNING for n in nodes):
+        return JobState.RUNNING, None
+    return JobState.PENDING, None
+
+
+def job_exit_code(nodes: list[NodeJobStatus]) -> int:
+    """The job's own exit code: the first rank (in time, across nodes) that exited non-zero."""
+    failed = [(r.ended_at or 0.0, r.exit_code) for n in nodes for r in n.ranks if r.exit_code]
+    if failed:
+        return int(min(failed)[1] or 1)
+    for n in nodes:
+        if n.exit_code:
+            return n.exit_code
+    return 1
 
 
 class JobBackend(ABC):

@@ -28,6 +28,7 @@ from gtrain.jobs.backend import (
     NodeEnded,
     NodeJobStatus,
     RankStatus,
+    aggregate,
 )
 from gtrain.jobs.render import NodeContext, render_all
 from gtrain.remote.fanout import parallel
@@ -165,8 +166,6 @@ class NodeScriptBackend(JobBackend):
             return {"state": "unreachable", "error": e.message, "ranks": {}}
 
     def describe(self, job: JobRecord, nodes: list[int] | None = None) -> JobDescription:
-        from gtrain.jobs.status import aggregate
-
         picked = list(range(len(self.runners))) if nodes is None else nodes
         raws = parallel(lambda i: self._node_state(i, job.id), picked)
         statuses = [node_status(i, raw) for i, raw in zip(picked, raws, strict=True)]

@@ -11,48 +11,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gtrain.errors import ConfigError
-from gtrain.jobs.backend import JobState, NodeJobStatus
+from gtrain.jobs.backend import CANCEL_EXIT, JobState, aggregate, job_exit_code
+
+__all__ = ["CANCEL_EXIT", "active_job", "aggregate", "cancel_job", "job_exit_code", "refresh_job", "resolve_job"]
 from gtrain.state import TERMINAL_JOB, Cluster
 from gtrain.state import Job as JobRecord
 
 if TYPE_CHECKING:
     from gtrain.context import Context
 
-CANCEL_EXIT = 130
 #: a node's own words that mean its part of the job is over badly (or the node is)
 _DEAD = ("failed", "missing", "unreachable")
 _ALIVE = ("running", "pending", "starting", "setup")
-
-
-def aggregate(nodes: list[NodeJobStatus]) -> tuple[JobState, int | None]:
-    """The job's state and exit code from its nodes' states."""
-    names = [n.detail for n in nodes]
-    if "unreachable" in names:
-        return JobState.FAILED, 255
-    if all(n.state.terminal for n in nodes):
-        if all(n.state is JobState.SUCCEEDED for n in nodes):
-            return JobState.SUCCEEDED, 0
-        if any(n.state is JobState.FAILED for n in nodes):  # a node failed; others may have been stopped for it
-            return JobState.FAILED, job_exit_code(nodes)
-        if any(n.state is JobState.PREEMPTED for n in nodes):
-            return JobState.PREEMPTED, None
-        return JobState.CANCELLED, CANCEL_EXIT
-    if "missing" in names and not any(n.state is JobState.RUNNING for n in nodes):
-        return JobState.FAILED, 1
-    if any(n.state is JobState.RUNNING for n in nodes):
-        return JobState.RUNNING, None
-    return JobState.PENDING, None
-
-
-def job_exit_code(nodes: list[NodeJobStatus]) -> int:
-    """The job's own exit code: the first rank (in time, across nodes) that exited non-zero."""
-    failed = [(r.ended_at or 0.0, r.exit_code) for n in nodes for r in n.ranks if r.exit_code]
-    if failed:
-        return int(min(failed)[1] or 1)
-    for n in nodes:
-        if n.exit_code:
-            return n.exit_code
-    return 1
 
 
 def refresh_job(cluster: Cluster, job: JobRecord, ctx: Context, *, act: bool = True) -> JobRecord:

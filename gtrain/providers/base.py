@@ -140,7 +140,8 @@ class Provider(ABC):
         """How jobs run on this cluster. Default: node scripts started over the provider's runners."""
         from gtrain.jobs.nodescript import NodeScriptBackend
 
-        return NodeScriptBackend(self, cluster)
+        backend: JobBackend = NodeScriptBackend(self, cluster)
+        return backend
 
     def node_records(self, cluster: Cluster) -> list[NodeRecord]:
         return self.store.node_records(cluster.id)

@@ -20,6 +20,7 @@ from gtrain.providers.base import IntervalCost, NodeStatus, Plan, Provider
 from gtrain.remote.fanout import parallel
 
 if TYPE_CHECKING:
+    from gtrain.nodes import NodeRecord
     from gtrain.remote.base import Runner
     from gtrain.remote.ssh import SSHRunner, SSHTarget
     from gtrain.spec import ClusterSpec
@@ -106,21 +107,6 @@ def target_for(section: SSHSection, entry: HostEntry) -> SSHTarget:
     )
 
 
-def target_to_meta(t: SSHTarget) -> dict[str, Any]:
-    return {"host": t.host, "port": t.port, "user": t.user, "identity_file": t.identity_file,
-            "proxy_jump": t.proxy_jump, "proxy_command": t.proxy_command}
-
-
-def runner_from_meta(meta: dict[str, Any], *, rank: int, address: str | None, cluster: str) -> SSHRunner:
-    """The runner of a node recorded in state (used by every SSH-reached provider: ssh, aws, gcp)."""
-    from gtrain.remote.ssh import SSHRunner, SSHTarget
-
-    t = SSHTarget(**meta["ssh"])
-    # a node that was up: give up on it after 10 s of failed connects (up waits longer for boots)
-    return SSHRunner(t, cluster=cluster, root=meta.get("root"), label=f"node {rank}",
-                     address=address or t.host, python=meta.get("python", "python3"), connect_retry_s=10)
-
-
 class SSHProvider(Provider):
     name = "ssh"
 
@@ -135,6 +121,7 @@ class SSHProvider(Provider):
         )
 
     def provision(self, spec: ClusterSpec, cluster: Cluster, plan: Plan) -> None:
+        from gtrain.nodes import NodeRecord
         from gtrain.remote.ssh import SSHRunner, pin_host_key, pinned_keys
 
         section = parse_section(spec)
@@ -188,10 +175,10 @@ class SSHProvider(Provider):
             runners[i].run(f"mkdir -p -m 700 {_q(node_root)}/workdir {_q(node_root)}/jobs")
             self.store.mark_resource(rid, "created")
             address = entry.address or _reachable(info.get("ssh_server_addr"), t.host)
-            self.store.upsert_node(cluster.id, i, status="up", address=address, instance_id=t.display,
-                                   meta={"ssh": target_to_meta(t), "root": node_root, "python": section.python,
-                                         "hostname": info["hostname"], "gpus": info["gpus"],
-                                         "host_keys": [k for k, _ in pinned_keys(t.host, t.port)]})
+            self.store.put_node(cluster.id, NodeRecord(
+                rank=i, status="up", address=address, instance_id=t.display, ssh=t, root=node_root,
+                python=section.python, extra={"hostname": info["hostname"], "gpus": info["gpus"],
+                                              "host_keys": [k for k, _ in pinned_keys(t.host, t.port)]}))
         from gtrain.remote.sshconfig import write_ssh_config
 
         path = write_ssh_config(self.store)
@@ -210,21 +197,21 @@ class SSHProvider(Provider):
         return parallel(one, list(range(len(runners))))
 
     def terminate(self, cluster: Cluster) -> None:
-        nodes = {n.rank: n for n in self.store.nodes(cluster.id)}
+        nodes = {n.rank: n for n in self.store.node_records(cluster.id)}
         runners = {i: self._runner(cluster, n) for i, n in nodes.items()}
         live = self.store.resources(cluster.id, live_only=True)
 
         def remove(res: Any) -> None:
-            node = next((n for n in nodes.values() if res.ref == f"{n.instance_id}:{n.meta.get('root')}"), None)
+            node = next((n for n in nodes.values() if res.ref == f"{n.instance_id}:{n.root}"), None)
             if node is None:
                 self.store.mark_resource(res.id, "deleted")
                 return
             try:
-                runners[node.rank].call("remove_tree", str(node.meta["root"]), timeout=120)
+                runners[node.rank].call("remove_tree", str(node.root), timeout=120)
                 self.store.mark_resource(res.id, "deleted")
             except GtrainError as e:
                 self.store.mark_resource(res.id, "unreachable")
-                self.report.warn(f"node {node.rank}: could not remove {node.meta.get('root')}: {e.message} "
+                self.report.warn(f"node {node.rank}: could not remove {node.root}: {e.message} "
                                  "(the machine is yours; nothing there costs gtrain money)")
 
         parallel(remove, live)
@@ -232,11 +219,13 @@ class SSHProvider(Provider):
 
         write_ssh_config(self.store, exclude=cluster.id)
 
-    def _runner(self, cluster: Cluster, node: Any) -> SSHRunner:
-        return runner_from_meta(node.meta, rank=node.rank, address=node.address, cluster=cluster.name)
+    def _runner(self, cluster: Cluster, node: NodeRecord) -> SSHRunner:
+        from gtrain.remote.ssh import runner_from_node
+
+        return runner_from_node(node, cluster.name)
 
     def runners(self, cluster: Cluster) -> list[Runner]:
-        return [self._runner(cluster, n) for n in self.store.nodes(cluster.id)]
+        return [self._runner(cluster, n) for n in self.store.node_records(cluster.id)]
 
     def price(self, cluster: Cluster, interval: CostInterval) -> IntervalCost:
         return IntervalCost(0.0, note="your own machines: no charge from gtrain")

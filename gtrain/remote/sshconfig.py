@@ -16,16 +16,16 @@ def config_path(store: StateStore) -> Path:
 
 
 def write_ssh_config(store: StateStore, *, exclude: str | None = None) -> Path:
-    from gtrain.remote.ssh import SSHTarget, known_hosts_path, ssh_config_block
+    from gtrain.remote.ssh.hostkeys import known_hosts_path
+    from gtrain.remote.ssh.target import ssh_config_block
 
     blocks = ["# Written by gtrain for its live clusters; regenerated on every `gtrain up` and `gtrain down`.\n"]
     for c in store.list_clusters():
         if c.id == exclude or c.status == "terminated":
             continue
-        for n in store.nodes(c.id):
-            meta = n.meta.get("ssh")
-            if meta:
-                blocks.append(ssh_config_block(f"{c.name}-{n.rank}", SSHTarget(**meta), known_hosts_path()))
+        for n in store.node_records(c.id):
+            if n.ssh is not None:
+                blocks.append(ssh_config_block(f"{c.name}-{n.rank}", n.ssh, known_hosts_path()))
     path = config_path(store)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = path.with_name(".config.tmp")

@@ -55,7 +55,7 @@ from urllib.parse import quote
 
 from gtrain.errors import ConfigError, CredentialsError, GtrainError, SyncError
 from gtrain.sync.gcswire import ATTEMPTS, READ_CHUNK, Broken, Response, Transient, Wire
-from gtrain.sync.objstore import (
+from gtrain.sync.model import (
     DEFAULT_MULTIPART_THRESHOLD,
     DEFAULT_PART_SIZE,
     DEFAULT_WORKERS,

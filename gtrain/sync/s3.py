@@ -30,7 +30,7 @@ from pathlib import Path
 from gtrain.errors import ConfigError, CredentialsError, GtrainError, SyncError
 from gtrain.sync import s3wire
 from gtrain.sync.manifest import Manifest, OpenUpload
-from gtrain.sync.objstore import (
+from gtrain.sync.model import (
     DEFAULT_MULTIPART_THRESHOLD,
     DEFAULT_PART_SIZE,
     DEFAULT_WORKERS,

@@ -64,7 +64,7 @@ def test_billing_minimum_per_second_and_report_totals() -> None:
 def test_lifetime_from_time_and_cost_caps() -> None:
     from types import SimpleNamespace
 
-    from gtrain.providers.common import lifetime_s
+    from gtrain.providers.cloud.lifetime import lifetime_s
 
     def pol(h: float | None = None, usd: float | None = None) -> SimpleNamespace:
         return SimpleNamespace(max_hours=h, max_cost_usd=usd)

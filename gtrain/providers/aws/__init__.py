@@ -19,12 +19,14 @@ botocore exception is translated into :mod:`gtrain.errors` in :func:`.api.transl
 The modules, by concern:
 
 - :mod:`.options`: the ``aws:`` section of a spec (:class:`AWSOptions`);
-- :mod:`.api`: tags, error codes and their translation, the boto3 session and EC2 clients (:class:`.api.AWSBase`);
-- :mod:`.network`: key pair, security group, placement group, subnets, image;
+- :mod:`.api`: tags, error codes and their translation, the boto3 session and EC2 clients (:class:`.api.EC2Clients`);
+- :mod:`.network`: key pair, security group, placement group, subnets, image (:class:`.network.AWSNetwork`);
 - :mod:`.instances`: launching one zone's nodes (idempotency tokens), waiting for them, recording them, SSH;
 - :mod:`.teardown`: deleting and listing what a cluster owns, by tag;
-- :mod:`.provider`: :class:`AWSProvider` (plan, provision with failover, describe, terminate, runners, price);
-- :mod:`.gc`: ``gtrain gc`` for AWS.
+- :mod:`.pricing`: what a node interval cost (spot price history, EBS);
+- :mod:`.provider`: :class:`AWSProvider`, which owns one of each part and gives each the shared EC2 clients,
+  ledger and reporter (plan, provision with failover, describe, terminate, price, gc);
+- :mod:`.gc`: ``gtrain gc`` for AWS (``AWSProvider.gc``).
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from gtrain.providers.aws.api import TAG_CLUSTER
 from gtrain.providers.aws.instances import host_keys_from_console
 from gtrain.providers.aws.options import AWSOptions, aws_options
 from gtrain.providers.aws.provider import EBS_GP3_USD_PER_GB_MONTH, AWSProvider
-from gtrain.providers.common import HOURS_PER_MONTH, key_path
+from gtrain.providers.cloud.billing import HOURS_PER_MONTH
+from gtrain.providers.cloud.keys import key_path
 
 __all__ = [
     "EBS_GP3_USD_PER_GB_MONTH",

@@ -1,7 +1,6 @@
 """EC2 plumbing shared by every part of the aws provider: the resource tags, the error codes and the one place
 botocore exceptions become :mod:`gtrain.errors` (:func:`translate`, used through :func:`call`), tag helpers, and
-:class:`AWSBase`, which owns the boto3 session and the EC2 clients (one per region and profile), the state
-store's lock and the resource ledger.
+:class:`EC2Clients`, which owns the boto3 session and the EC2 clients (one per region and profile).
 
 boto3 and botocore are imported inside functions only: importing this module does not import them.
 """
@@ -22,14 +21,12 @@ from gtrain.errors import (
     ProviderError,
     QuotaError,
 )
-from gtrain.events import SILENT, Reporter
-from gtrain.providers.base import Provider
-from gtrain.providers.common import Ledger, write_ssh_config
-from gtrain.providers.common import owner as _owner
-from gtrain.state import Cluster, StateStore
+from gtrain.providers.cloud.errors import with_code
+from gtrain.providers.cloud.keys import owner
 
 if TYPE_CHECKING:
     from gtrain.providers.aws.options import AWSOptions
+    from gtrain.state import Cluster
 
 TAG_CLUSTER = "gtrain:cluster"
 TAG_CLUSTER_NAME = "gtrain:cluster-name"
@@ -79,12 +76,12 @@ def translate(e: BaseException, what: str) -> GtrainError:
         text = f"{what}: {code}: {msg}"
         if code in CAPACITY_CODES:
             ce = CapacityError(text)
-            ce.code = code  # type: ignore[attr-defined]
+            with_code(ce, code)
             return ce
         if code in QUOTA_CODES:
             qe = QuotaError(text, hint="ask AWS for a higher quota (Service Quotas: 'Running On-Demand/Spot "
                                        "... instances'), or use another region")
-            qe.code = code  # type: ignore[attr-defined]
+            with_code(qe, code)
             return qe
         if code in CREDENTIAL_CODES:
             return CredentialsError(text, hint="check the profile / keys, and that the region is enabled")
@@ -93,14 +90,14 @@ def translate(e: BaseException, what: str) -> GtrainError:
         if code.startswith("InvalidAMIID"):
             return ConfigError(text, hint="check resources.image_id (AMIs are per region)", field="resources.image_id")
         pe = ProviderError(text)
-        pe.code = code  # type: ignore[attr-defined]
+        with_code(pe, code)
         return pe
     if isinstance(e, bx.EndpointConnectionError | bx.ConnectTimeoutError | bx.ReadTimeoutError):
         return ProviderError(f"{what}: cannot reach the EC2 endpoint ({e})",
                              hint="check the network / AWS_ENDPOINT_URL")
     if isinstance(e, ResponseParserError):
         pe = ProviderError(f"{what}: the endpoint sent an unreadable answer ({str(e).splitlines()[0][:200]})")
-        pe.code = "UnreadableResponse"  # type: ignore[attr-defined]
+        with_code(pe, "UnreadableResponse")
         return pe
     if isinstance(e, bx.BotoCoreError):
         return ProviderError(f"{what}: {e}")
@@ -151,27 +148,19 @@ def resource_name(cluster_id: str) -> str:
     return f"gtrain-{cluster_id}"
 
 
-# ---------------------------------------------------------------------------------------------- the shared base
+# ---------------------------------------------------------------------------------------------- clients
 
 
-class AWSBase(Ledger, Provider):
-    """The state every part of :class:`~gtrain.providers.aws.AWSProvider` shares: the session and clients, the
-    store lock (one sqlite connection: one writer at a time) and the ledger helpers."""
+class EC2Clients:
+    """The boto3 session and one thread-safe EC2 client per region and profile, shared by every part of
+    :class:`~gtrain.providers.aws.AWSProvider` (network, instances, teardown, pricing)."""
 
-    def __init__(self, store: StateStore, report: Reporter = SILENT, *, session: Any = None,
-                 client_config: Any = None, max_workers: int = 32) -> None:
-        super().__init__(store, report)
+    def __init__(self, session: Any = None, client_config: Any = None) -> None:
         self._session = session
         self._client_config = client_config
         self._clients: dict[tuple[str, str | None], Any] = {}
         self._sessions: dict[str | None, Any] = {}
         self._lock = threading.Lock()
-        self._store_lock = threading.RLock()  # one sqlite connection: one writer at a time
-        self._max_workers = max_workers
-        self._spot_cache: dict[tuple[Any, ...], list[tuple[float, float]]] = {}
-        self._efa_cache: dict[tuple[str, str], int] = {}
-
-    # ---- clients ----
 
     def ec2(self, region: str, profile: str | None = None) -> Any:
         """A thread-safe EC2 client for ``region`` (made once, under a lock: sessions are not thread-safe)."""
@@ -201,14 +190,9 @@ class AWSBase(Ledger, Provider):
             self._sessions[profile] = s
         return s
 
-    def _profile(self, cluster: Cluster) -> str | None:
-        section = cluster.spec.get("aws") or {}
-        return section.get("profile") if isinstance(section, dict) else None
-
-    # ---- by tag ----
-
-    def _find_instances(self, region: str, cluster_id: str, profile: str | None,
-                        states: list[str] | None = None) -> list[dict[str, Any]]:
+    def find_instances(self, region: str, cluster_id: str, profile: str | None,
+                       states: list[str] | None = None) -> list[dict[str, Any]]:
+        """The cluster's instances in ``region``, found by tag (live ones unless ``states`` says otherwise)."""
         ec2 = self.ec2(region, profile)
         out: list[dict[str, Any]] = []
         with call(f"{region}: describe_instances"):
@@ -220,11 +204,16 @@ class AWSBase(Ledger, Provider):
                     out.extend(r["Instances"])
         return out
 
-    def _base_tags(self, cluster: Cluster, opts: AWSOptions, name: str) -> dict[str, str]:
-        created = cluster.extra.get("aws_created") or dt.datetime.fromtimestamp(
-            cluster.created_at, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        return {**opts.tags, TAG_CLUSTER: cluster.id, TAG_CLUSTER_NAME: cluster.name, TAG_OWNER: _owner(),
-                TAG_CREATED: created, "Name": name}
 
-    def _write_ssh_config(self, exclude: str | None = None) -> None:
-        write_ssh_config(self.store, self.report, self._store_lock, exclude)
+def profile_of(cluster: Cluster) -> str | None:
+    """The ``aws.profile`` a cluster was made with."""
+    section = cluster.spec.get("aws") or {}
+    return section.get("profile") if isinstance(section, dict) else None
+
+
+def base_tags(cluster: Cluster, opts: AWSOptions, name: str) -> dict[str, str]:
+    """The tags on every resource of the cluster (``Name`` = ``name``)."""
+    created = cluster.extra.get("aws_created") or dt.datetime.fromtimestamp(
+        cluster.created_at, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {**opts.tags, TAG_CLUSTER: cluster.id, TAG_CLUSTER_NAME: cluster.name, TAG_OWNER: owner(),
+            TAG_CREATED: created, "Name": name}

@@ -1,25 +1,20 @@
 """``gtrain gc`` for AWS: every resource tagged ``gtrain:cluster`` in the given regions that no live cluster in
 state owns — what a lost laptop, a deleted ``$GTRAIN_HOME`` or a killed ``up`` leaves behind. Lists by
 default; deletes (instances first, then placement groups, security groups, key pairs, volumes) with
-``delete=True``, through the same teardown as ``gtrain down``."""
+``delete=True``, through the same teardown as ``gtrain down`` (:class:`~.teardown.AWSTeardown`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from gtrain.events import SILENT, Reporter
-from gtrain.providers.common import GCResult, Orphan
-from gtrain.providers.common import live_cluster_ids as _live
+from gtrain.providers.base import GCResult, Orphan
 
-__all__ = ["GCResult", "Orphan", "default_regions", "gc", "live_cluster_ids"]
+__all__ = ["default_regions", "sweep"]
 
 if TYPE_CHECKING:
+    from gtrain.events import Reporter
+    from gtrain.providers.aws.teardown import AWSTeardown
     from gtrain.state import StateStore
-
-
-def live_cluster_ids(store: StateStore) -> set[str]:
-    """Ids of the aws clusters state still owns (anything not terminated)."""
-    return _live(store, "aws")
 
 
 def default_regions(store: StateStore) -> list[str]:
@@ -33,11 +28,8 @@ def default_regions(store: StateStore) -> list[str]:
     return out
 
 
-def gc(regions: list[str], live_cluster_ids: set[str], delete: bool, *, store: StateStore,
-       report: Reporter = SILENT, session: Any = None, profile: str | None = None) -> GCResult:
-    from gtrain.providers.aws.provider import AWSProvider
-
-    provider = AWSProvider(store, report, session=session)
+def sweep(teardown: AWSTeardown, regions: list[str], live_cluster_ids: set[str], delete: bool,
+          profile: str | None, report: Reporter) -> GCResult:
     res = GCResult(list(regions))
 
     def unlistable(kind: str, why: str) -> None:
@@ -47,7 +39,7 @@ def gc(regions: list[str], live_cluster_ids: set[str], delete: bool, *, store: S
             report.warn(msg)
 
     for region in regions:
-        for kind_cluster, rid in provider.list_tagged(region, None, profile, on_unlistable=unlistable):
+        for kind_cluster, rid in teardown.list_tagged(region, None, profile, on_unlistable=unlistable):
             kind, _, cid = kind_cluster.partition(":")
             if cid not in live_cluster_ids:
                 res.orphans.append(Orphan(region, cid, kind, rid))
@@ -57,6 +49,6 @@ def gc(regions: list[str], live_cluster_ids: set[str], delete: bool, *, store: S
         return res
     for region, cid in sorted({(o.region, o.cluster_id) for o in res.orphans}):
         report.info(f"{region}: deleting what cluster {cid} left")
-        res.left += provider.teardown(region, cid, profile)
+        res.left += teardown.teardown(region, cid, profile)
     res.deleted = True
     return res

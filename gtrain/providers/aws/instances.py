@@ -5,11 +5,10 @@ resource ledger before the call (a retried or resumed ``up`` gets the same insta
 batch); ranks follow ``AmiLaunchIndex`` and are tagged (``Name=<cluster>-<rank>``, ``gtrain:rank``) on each
 instance, its volumes and interfaces once they run; instances a crash left without a rank are adopted by the
 next ``up``. Then recording the nodes and waiting for SSH with the host keys read from the console output.
-Mixed into :class:`gtrain.providers.aws.AWSProvider`."""
+A part of :class:`gtrain.providers.aws.AWSProvider`."""
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import time
 import uuid
@@ -18,13 +17,19 @@ from typing import TYPE_CHECKING, Any
 
 from gtrain.errors import CapacityError, GtrainError, ProviderError
 from gtrain.providers.aws import api
-from gtrain.providers.aws.api import TAG_RANK, AWSBase
-from gtrain.providers.common import key_path, lifetime_s, wait_ssh
+from gtrain.providers.aws.api import TAG_RANK
+from gtrain.providers.cloud.errors import with_code
+from gtrain.providers.cloud.keys import key_path
+from gtrain.providers.cloud.lifetime import lifetime_s
+from gtrain.providers.cloud.ssh_access import wait_ssh, write_ssh_config
 
 if TYPE_CHECKING:
+    from gtrain.events import Reporter
     from gtrain.providers.aws.network import Region
     from gtrain.providers.aws.options import AWSOptions
     from gtrain.providers.base import Plan
+    from gtrain.providers.cloud.ledger import Ledger
+    from gtrain.remote.ssh.target import SSHTarget
     from gtrain.spec import ClusterSpec
     from gtrain.state import Cluster
 
@@ -51,15 +56,24 @@ def host_keys_from_console(text: str) -> list[str]:
     return out
 
 
-class AWSInstances(AWSBase):
+class AWSInstances:
     """The nodes of a cluster in one zone: create (idempotently), wait for running, record, wait for SSH."""
+
+    def __init__(self, clients: api.EC2Clients, ledger: Ledger, report: Reporter, max_workers: int) -> None:
+        self.clients = clients
+        self.ledger = ledger
+        self.store = ledger.store
+        self.report = report
+        self.max_workers = max_workers
+        self._efa_cache: dict[tuple[str, str], int] = {}
+
 
     def _batch_token(self, cluster: Cluster, ranks: list[int], region: str, zone: str) -> tuple[str, list[int]]:
         """The ClientToken of this zone's RunInstances for ``ranks`` and the ledger rows (one per rank) recorded
         before the call. Rows still 'creating' for exactly these ranks (a crash between the request and its
         answer) give their token back, so AWS answers with the instances it made then; other leftovers of an
         earlier batch are closed."""
-        with self._store_lock:
+        with self.ledger.lock:
             creating = [res for res in self.store.resources(cluster.id, live_only=True)
                         if res.kind == "instance" and res.status == "creating" and res.region == region]
             same = [res for res in creating if res.meta.get("zone") == zone and res.meta.get("rank") in ranks]
@@ -76,10 +90,10 @@ class AWSInstances(AWSBase):
                     for rank in ranks]
             return token, rids
 
-    def _launch_zone(self, spec: ClusterSpec, cluster: Cluster, opts: AWSOptions, reg: Region, zone: str,
+    def launch_zone(self, spec: ClusterSpec, cluster: Cluster, opts: AWSOptions, reg: Region, zone: str,
                      itype: str, efa: bool, existing: dict[int, dict[str, Any]], made: list[str]
                      ) -> dict[int, dict[str, Any]]:
-        ec2 = self.ec2(reg.name, opts.profile)
+        ec2 = self.clients.ec2(reg.name, opts.profile)
         missing = [r for r in range(spec.num_nodes) if r not in existing]
         new: dict[int, dict[str, Any]] = {}
         if missing:
@@ -87,7 +101,7 @@ class AWSInstances(AWSBase):
                              + (f" ({len(existing)} already there)" if existing else ""))
             token, rids = self._batch_token(cluster, missing, reg.name, zone)
             # the cluster's tags now; each node's rank and Name once it runs (they differ per instance)
-            tags = self._base_tags(cluster, opts, f"{cluster.name}-pending")
+            tags = api.base_tags(cluster, opts, f"{cluster.name}-pending")
             params: dict[str, Any] = dict(
                 ImageId=reg.image_id, InstanceType=itype, MinCount=len(missing), MaxCount=len(missing),
                 KeyName=reg.key_name, ClientToken=token,
@@ -115,14 +129,14 @@ class AWSInstances(AWSBase):
                     insts = ec2.run_instances(**params)["Instances"]
             except GtrainError:
                 for rid in rids:
-                    self._mark(rid, "not-created")
+                    self.ledger.mark(rid, "not-created")
                 raise
             insts.sort(key=lambda i: int(i.get("AmiLaunchIndex", 0)))
             made.extend(i["InstanceId"] for i in insts)
             if len(insts) != len(missing):  # MinCount makes this all or nothing; never guess ranks
                 raise ProviderError(f"{zone}: asked for {len(missing)} instances, AWS made {len(insts)}")
             for rank, rid, inst in zip(missing, rids, insts, strict=True):
-                self._mark(rid, "created", ref=inst["InstanceId"])
+                self.ledger.mark(rid, "created", ref=inst["InstanceId"])
                 self.report.node(rank, f"{inst['InstanceId']} requested in {zone}")
                 new[rank] = inst
         ids = {rank: inst["InstanceId"] for rank, inst in {**existing, **new}.items()}
@@ -180,12 +194,12 @@ class AWSInstances(AWSBase):
 
         if not nodes:
             return
-        with ThreadPoolExecutor(min(self._max_workers, len(nodes))) as pool:
+        with ThreadPoolExecutor(min(self.max_workers, len(nodes))) as pool:
             for f in [pool.submit(one, rank) for rank in sorted(nodes)]:
                 f.result()
 
     @staticmethod
-    def _adopt(spec: ClusterSpec, unranked: list[dict[str, Any]], existing: dict[int, dict[str, Any]]) -> list[str]:
+    def adopt(spec: ClusterSpec, unranked: list[dict[str, Any]], existing: dict[int, dict[str, Any]]) -> list[str]:
         """Instances a crashed ``up`` made but did not get to tag with a rank take the missing ranks (tagged
         once they run). Returns the ids of any beyond what the cluster needs, for the caller to terminate."""
         missing = [r for r in range(spec.num_nodes) if r not in existing]
@@ -195,7 +209,7 @@ class AWSInstances(AWSBase):
 
     def _wait_running(self, region: str, opts: AWSOptions, ids: dict[int, str],
                       timeout: float = 900.0) -> dict[int, dict[str, Any]]:
-        ec2 = self.ec2(region, opts.profile)
+        ec2 = self.clients.ec2(region, opts.profile)
         deadline = time.monotonic() + timeout
         delay = min(0.5, opts.poll_s)
         seen: dict[str, str] = {}
@@ -221,7 +235,7 @@ class AWSInstances(AWSBase):
                     msg = f"{iid} went {st} while starting: {reason.get('Message') or code or 'no reason given'}"
                     if "Capacity" in code or "Spot" in code or "Insufficient" in code:
                         cap = CapacityError(msg)
-                        cap.code = code  # type: ignore[attr-defined]
+                        with_code(cap, code)
                         raise cap
                     raise ProviderError(msg)
             if len(by_id) == len(ids) and all(i["State"]["Name"] == "running" for i in by_id.values()):
@@ -232,48 +246,42 @@ class AWSInstances(AWSBase):
             time.sleep(delay)
             delay = min(delay * 2, opts.poll_s)
 
-    def _record_nodes(self, spec: ClusterSpec, cluster: Cluster, plan: Plan, opts: AWSOptions, reg: Region,
-                      zone: str, nodes: dict[int, dict[str, Any]], od_price: float, spot_price: float) -> None:
+    def record_nodes(self, spec: ClusterSpec, cluster: Cluster, plan: Plan, opts: AWSOptions, reg: Region,
+                     zone: str, nodes: dict[int, dict[str, Any]], od_price: float, spot_price: float) -> None:
+        from gtrain.nodes import NodeRecord
+
         market = "spot" if spec.resources.use_spot else "on-demand"
         price = spot_price if spec.resources.use_spot else od_price
         for rank, inst in sorted(nodes.items()):
-            meta = {
-                "launched_at": api.epoch(inst.get("LaunchTime") or time.time()), "region": reg.name, "zone": zone,
+            extra = {
+                "region": reg.name, "zone": zone,
                 "market": market, "instance_type": inst["InstanceType"], "price_ondemand": od_price,
                 "price_spot_catalog": spot_price, "disk_gb": spec.resources.disk_gb,
                 "private_ip": inst.get("PrivateIpAddress"), "public_ip": inst.get("PublicIpAddress"),
                 "lifecycle": inst.get("InstanceLifecycle") or "normal", "ssh_user": opts.ssh_user,
                 "key_file": str(key_path(cluster.id)), "proxy_command": opts.ssh_proxy_command,
             }
-            meta["ssh"] = dataclasses.asdict(self._target(meta, inst["InstanceId"]))
-            with self._store_lock:
-                self.store.upsert_node(cluster.id, rank, status="up", address=inst.get("PrivateIpAddress"),
-                                       instance_id=inst["InstanceId"], zone=zone, meta=meta)
+            self.ledger.put_node(cluster.id, NodeRecord(
+                rank=rank, status="up", address=inst.get("PrivateIpAddress"), instance_id=inst["InstanceId"],
+                zone=zone, ssh=ssh_target(extra, inst["InstanceId"]),
+                launched_at=api.epoch(inst.get("LaunchTime") or time.time()), extra=extra))
         # the region/zone that had capacity may not be the plan's first choice: the plan and the cluster say
         # where the nodes are and what they cost (core opens the cost intervals from this plan)
         plan.region, plan.zone, plan.price_per_hour = reg.name, zone, price
-        with self._store_lock:
+        with self.ledger.lock:
             self.store.update_cluster(cluster.id, region=reg.name, price_per_hour=price)
-        self._write_ssh_config()
+        write_ssh_config(self.ledger, self.report)
 
     # ---- ssh ----
 
-    def _target(self, node_meta: dict[str, Any], instance_id: str) -> Any:
-        from gtrain.remote.ssh import SSHTarget
-
-        proxy = node_meta.get("proxy_command")
-        host = instance_id if proxy else (node_meta.get("public_ip") or node_meta.get("private_ip") or "")
-        return SSHTarget(host=host, port=22, user=node_meta.get("ssh_user") or "ubuntu",
-                         identity_file=node_meta.get("key_file"), proxy_command=proxy)
-
-    def _wait_ssh(self, cluster: Cluster, opts: AWSOptions) -> None:
-        nodes = self.store.nodes(cluster.id)
-        region = nodes[0].meta.get("region") if nodes else cluster.region
-        ec2 = self.ec2(region or "", opts.profile)
-        wait_ssh(cluster, self.store, self.report, self._store_lock,
+    def wait_ssh(self, cluster: Cluster, opts: AWSOptions) -> None:
+        nodes = self.ledger.nodes(cluster.id)
+        region = nodes[0].extra.get("region") if nodes else cluster.region
+        ec2 = self.clients.ec2(region or "", opts.profile)
+        wait_ssh(cluster, self.ledger, self.report,
                  host_keys=lambda node: self._console_keys(ec2, node.instance_id or ""),
                  host_key_wait_s=opts.host_key_wait_s, ssh_timeout_s=opts.ssh_timeout_s, poll_s=opts.poll_s,
-                 max_workers=self._max_workers, key_source="the console output",
+                 max_workers=self.max_workers, key_source="the console output",
                  hint="check aws.ssh_cidr / aws.ssh_proxy_command; `gtrain down` removes them")
 
     def _console_keys(self, ec2: Any, iid: str) -> list[str]:
@@ -288,3 +296,14 @@ class AWSInstances(AWSBase):
                 return keys
             return []
         return []
+
+
+def ssh_target(extra: dict[str, Any], instance_id: str) -> SSHTarget:
+    """How gtrain reaches an instance: its public address (private without one), or the instance id through
+    ``aws.ssh_proxy_command`` (SSM)."""
+    from gtrain.remote.ssh.target import SSHTarget
+
+    proxy = extra.get("proxy_command")
+    host = instance_id if proxy else (extra.get("public_ip") or extra.get("private_ip") or "")
+    return SSHTarget(host=host, port=22, user=extra.get("ssh_user") or "ubuntu",
+                     identity_file=extra.get("key_file"), proxy_command=proxy)

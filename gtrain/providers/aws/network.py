@@ -1,6 +1,6 @@
 """What a cluster needs in a region before its nodes: the key pair (imported from the local ed25519 key), the
 security group (22 from ``aws.ssh_cidr``, all traffic from itself), the cluster placement group, the subnet of
-each zone (the default VPC's, or those of ``aws.vpc_id`` / ``aws.subnet_ids``) and the image. Mixed into
+each zone (the default VPC's, or those of ``aws.vpc_id`` / ``aws.subnet_ids``) and the image. A part of
 :class:`gtrain.providers.aws.AWSProvider`."""
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 from gtrain.errors import ConfigError, CredentialsError, GtrainError, ProviderError, QuotaError
 from gtrain.providers.aws import api
-from gtrain.providers.aws.api import AWSBase
-from gtrain.providers.common import ensure_key, key_path
+from gtrain.providers.cloud.keys import ensure_key, key_path
 
 if TYPE_CHECKING:
+    from gtrain.events import Reporter
     from gtrain.providers.aws.options import AWSOptions
+    from gtrain.providers.cloud.ledger import Ledger
     from gtrain.spec import ClusterSpec
     from gtrain.state import Cluster
 
@@ -41,14 +42,21 @@ class Region:
     created: list[tuple[str, str, int]] = field(default_factory=list)  # (kind, ref, ledger id) made by this call
 
 
-class AWSNetwork(AWSBase):
-    """Key pair, security group, placement group, subnets and image of one region (:meth:`_region_setup`)."""
+class AWSNetwork:
+    """Key pair, security group, placement group, subnets and image of one region (:meth:`setup`)."""
 
-    def _region_setup(self, spec: ClusterSpec, cluster: Cluster, opts: AWSOptions, reg: Region,
+    def __init__(self, clients: api.EC2Clients, ledger: Ledger, report: Reporter) -> None:
+        self.clients = clients
+        self.ledger = ledger
+        self.store = ledger.store
+        self.report = report
+
+
+    def setup(self, spec: ClusterSpec, cluster: Cluster, opts: AWSOptions, reg: Region,
                       ssh_cidr: str | None, itype: str, zones: list[str] | None) -> None:
-        ec2 = self.ec2(reg.name, opts.profile)
+        ec2 = self.clients.ec2(reg.name, opts.profile)
         name = api.resource_name(cluster.id)
-        tags = self._base_tags(cluster, opts, name)
+        tags = api.base_tags(cluster, opts, name)
         want_pg = opts.placement_group if opts.placement_group is not None else spec.num_nodes > 1
         custom: tuple[str, dict[str, str]] | None = None
         if opts.vpc_id or opts.subnet_ids:  # the VPC first: the security group goes in it
@@ -174,11 +182,11 @@ class AWSNetwork(AWSBase):
         if have:
             reg.key_name = name
             return
-        rid = self._record(cluster, "key-pair", name, reg.name)
+        rid = self.ledger.record(cluster, "key-pair", name, reg.name)
         with api.call(f"{reg.name}: import_key_pair"):
             kp = ec2.import_key_pair(KeyName=name, PublicKeyMaterial=pub.encode(),
                                      TagSpecifications=[{"ResourceType": "key-pair", "Tags": api.tags(tags)}])
-        self._mark(rid, "created", meta={"key_pair_id": kp.get("KeyPairId"), "path": str(path)})
+        self.ledger.mark(rid, "created", meta={"key_pair_id": kp.get("KeyPairId"), "path": str(path)})
         reg.key_name = name
         reg.created.append(("key-pair", name, rid))
 
@@ -199,12 +207,12 @@ class AWSNetwork(AWSBase):
         if have:
             reg.sg_id = have[0]["GroupId"]
             return
-        rid = self._record(cluster, "security-group", name, reg.name)
+        rid = self.ledger.record(cluster, "security-group", name, reg.name)
         with api.call(f"{reg.name}: create_security_group"):
             sg = ec2.create_security_group(
                 GroupName=name, Description=f"gtrain cluster {cluster.id}", VpcId=vpc,
                 TagSpecifications=[{"ResourceType": "security-group", "Tags": api.tags(tags)}])["GroupId"]
-        self._mark(rid, "created", ref=sg, meta={"name": name, "vpc": vpc})
+        self.ledger.mark(rid, "created", ref=sg, meta={"name": name, "vpc": vpc})
         reg.sg_id = sg
         reg.created.append(("security-group", sg, rid))
         perms: list[dict[str, Any]] = [{"IpProtocol": "-1", "UserIdGroupPairs": [
@@ -219,22 +227,22 @@ class AWSNetwork(AWSBase):
 
     def _ensure_pg(self, ec2: Any, cluster: Cluster, reg: Region, tags: dict[str, str], required: bool) -> None:
         name = api.resource_name(cluster.id)
-        rid = self._record(cluster, "placement-group", name, reg.name)
+        rid = self.ledger.record(cluster, "placement-group", name, reg.name)
         try:
             with api.call(f"{reg.name}: create_placement_group"):
                 ec2.create_placement_group(GroupName=name, Strategy="cluster", TagSpecifications=[
                     {"ResourceType": "placement-group", "Tags": api.tags(tags)}])
         except ProviderError as e:
             if api.error_code(e) == "InvalidPlacementGroup.Duplicate":
-                self._mark(rid, "not-created")  # made by an earlier run; that run's ledger row owns it
+                self.ledger.mark(rid, "not-created")  # made by an earlier run; that run's ledger row owns it
                 reg.pg_name = name
                 return
-            self._mark(rid, "not-created")
+            self.ledger.mark(rid, "not-created")
             if required or isinstance(e, CredentialsError | QuotaError):
                 raise
             self.report.warn(f"{reg.name}: no cluster placement group ({e.message}); nodes may land farther apart")
             return
-        self._mark(rid, "created")
+        self.ledger.mark(rid, "created")
         reg.pg_name = name
         reg.created.append(("placement-group", name, rid))
 

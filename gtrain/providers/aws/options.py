@@ -6,7 +6,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from gtrain.providers.common import CloudOptions
+from gtrain.providers.cloud.options import CloudOptions
 
 __all__ = ["AWSOptions", "aws_options"]
 

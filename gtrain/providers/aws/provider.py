@@ -1,55 +1,39 @@
 """The aws provider: :class:`AWSProvider` plans from the catalog, provisions with failover (zone by zone, then
-region by region; a failed attempt leaves nothing behind), describes, terminates, gives SSH runners and prices
-each node's running interval. The steps live in :mod:`.network`, :mod:`.instances` and :mod:`.teardown`; the
-EC2 clients and the error translation in :mod:`.api`.
-
-Cost: the on-demand $/h of the catalog is stored when the node starts; spot cost is read from
-``describe_spot_price_history`` over the node's own running interval (the catalog's spot estimate when the
-history is missing or implausible, and the report says so); EC2 bills per second with a 60-second minimum;
-the root EBS volume (gp3) is added by GB-hour at :data:`EBS_GP3_USD_PER_GB_MONTH`.
+region by region; a failed attempt leaves nothing behind), describes, terminates, gives SSH runners, prices each
+node's running interval and sweeps orphans (``gtrain gc``). It is composed of parts, each given the shared EC2
+clients, :class:`~gtrain.providers.cloud.ledger.Ledger` and reporter explicitly: :class:`.network.AWSNetwork`,
+:class:`.instances.AWSInstances`, :class:`.teardown.AWSTeardown` and :class:`.pricing.AWSPricing`; the EC2
+clients and the error translation live in :mod:`.api`.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from gtrain.errors import CapacityError, ConfigError, GtrainError, QuotaError
+from gtrain.events import SILENT, Reporter
 from gtrain.providers.aws import api
 from gtrain.providers.aws.api import LIVE_STATES, TAG_CLUSTER, TAG_RANK
 from gtrain.providers.aws.instances import AWSInstances
 from gtrain.providers.aws.network import AWSNetwork, Region
 from gtrain.providers.aws.options import AWSOptions, aws_options
+from gtrain.providers.aws.pricing import EBS_GP3_BY_REGION, EBS_GP3_USD_PER_GB_MONTH, AWSPricing, ebs_rate
 from gtrain.providers.aws.teardown import AWSTeardown
-from gtrain.providers.base import IntervalCost, NodeStatus, Plan
-from gtrain.providers.common import (
-    Attempts,
-    IdleWatch,
-    cloud_interval_cost,
-    drop_key,
-    finish_down,
-    lifetime_note,
-    lifetime_s,
-    resolve_ssh_cidr,
-    ssh_notes,
-)
+from gtrain.providers.base import GCResult, IntervalCost, NodeStatus, Plan
+from gtrain.providers.cloud.failover import Attempts
+from gtrain.providers.cloud.idle import idle_watch
+from gtrain.providers.cloud.keys import drop_key
+from gtrain.providers.cloud.lifetime import lifetime_note, lifetime_s
+from gtrain.providers.cloud.provider import CloudProvider
+from gtrain.providers.cloud.ssh_access import finish_down, resolve_ssh_cidr, ssh_notes
 from gtrain.state import Cluster, CostInterval
 
 if TYPE_CHECKING:
-    from gtrain.remote.base import Runner
-    from gtrain.remote.ssh import SSHRunner
     from gtrain.spec import ClusterSpec
+    from gtrain.state import StateStore
 
 __all__ = ["EBS_GP3_BY_REGION", "EBS_GP3_USD_PER_GB_MONTH", "AWSProvider"]
-
-#: EBS gp3 storage, USD per GB-month (us-east-1/us-east-2/us-west-2 list price, 2025; eu-west-1 is 0.088).
-#: gp3's baseline 3,000 IOPS and 125 MB/s are included; gtrain never asks for more. A month is 730 hours.
-EBS_GP3_USD_PER_GB_MONTH = 0.08
-EBS_GP3_BY_REGION = {"eu-west-1": 0.088}
-
-SPOT_IMPLAUSIBLE_FRACTION = 0.01
 
 
 @dataclass
@@ -58,11 +42,18 @@ class _Target:
     zones: list[str] | None  # None: every zone that offers the type
 
 
-class AWSProvider(AWSInstances, AWSNetwork, AWSTeardown, IdleWatch):
+class AWSProvider(CloudProvider):
     name = "aws"
-    billing_minimum_s = 60.0
-    confirms_cost = True
-    nodes_enforce_limits = True
+    gc_scope: ClassVar[str | None] = "region"
+
+    def __init__(self, store: StateStore, report: Reporter = SILENT, *, session: Any = None,
+                 client_config: Any = None, max_workers: int = 32) -> None:
+        super().__init__(store, report, max_workers=max_workers)
+        self.clients = api.EC2Clients(session, client_config)
+        self.network = AWSNetwork(self.clients, self.ledger, report)
+        self.instances = AWSInstances(self.clients, self.ledger, report, max_workers)
+        self.teardown = AWSTeardown(self.clients, self.ledger, report)
+        self.pricing = AWSPricing(self.clients, self.billing_minimum_s)
 
     # ---- plan ----
 
@@ -114,7 +105,7 @@ class AWSProvider(AWSInstances, AWSNetwork, AWSTeardown, IdleWatch):
         if res.use_spot:
             notes.append(f"spot $/h is the catalog's estimate (on-demand {price_offer.price_ondemand:g} $/h); the "
                          "cost report reads the spot price history over each node's running time")
-        notes.append(f"plus EBS gp3 {res.disk_gb} GB per node at ${self._ebs_rate(regions[0]):g}/GB-month")
+        notes.append(f"plus EBS gp3 {res.disk_gb} GB per node at ${ebs_rate(regions[0]):g}/GB-month")
         if len(regions) > 1:
             notes.append(f"on no capacity: next zone, then {', '.join(regions[1:])}")
         notes += ssh_notes(opts.ssh_cidr, opts.ssh_proxy_command, "aws")
@@ -130,10 +121,6 @@ class AWSProvider(AWSInstances, AWSNetwork, AWSTeardown, IdleWatch):
     @staticmethod
     def _efa(opts: AWSOptions, catalog_efa: bool) -> bool:
         return catalog_efa if opts.efa is None else opts.efa
-
-    @staticmethod
-    def _ebs_rate(region: str | None) -> float:
-        return EBS_GP3_BY_REGION.get(region or "", EBS_GP3_USD_PER_GB_MONTH)
 
     def _targets(self, spec: ClusterSpec, plan: Plan) -> list[_Target]:
         from gtrain.catalog import lookup
@@ -162,7 +149,7 @@ class AWSProvider(AWSInstances, AWSNetwork, AWSTeardown, IdleWatch):
         # a resumed `up`: the nodes already there pin the region and zone (a placement group is one zone)
         existing: dict[int, dict[str, Any]] = {}
         for t in targets:
-            found = self._find_instances(t.region, cluster.id, opts.profile)
+            found = self.clients.find_instances(t.region, cluster.id, opts.profile)
             if found:
                 zone = found[0]["Placement"]["AvailabilityZone"]
                 targets = [_Target(t.region, [zone])]
@@ -175,11 +162,11 @@ class AWSProvider(AWSInstances, AWSNetwork, AWSTeardown, IdleWatch):
                         unranked.append(inst)
                     elif 0 <= int(tag) < spec.num_nodes and int(tag) not in existing:
                         existing[int(tag)] = inst
-                extra = self._adopt(spec, unranked, existing)
+                extra = self.instances.adopt(spec, unranked, existing)
                 self.report.info(f"found {len(existing)} of {spec.num_nodes} node(s) of {cluster.name} in {zone}"
                                  + (f" ({len(unranked) - len(extra)} without a rank, adopted)" if unranked else ""))
                 if extra:
-                    self._terminate_ids(cluster, t.region, extra, opts.profile)
+                    self.teardown.terminate_ids(cluster, t.region, extra, opts.profile)
                 break
         attempts = Attempts()
         for t in targets:
@@ -190,7 +177,7 @@ class AWSProvider(AWSInstances, AWSNetwork, AWSTeardown, IdleWatch):
             od_price, spot_price, efa = offer[0].price_ondemand, offer[0].price_spot, self._efa(opts, offer[0].efa)
             reg = Region(t.region)
             try:
-                self._region_setup(spec, cluster, opts, reg, ssh_cidr, itype, t.zones)
+                self.network.setup(spec, cluster, opts, reg, ssh_cidr, itype, t.zones)
             except (CapacityError, QuotaError) as e:
                 attempts.add(t.region, e)
                 self._undo_region(cluster, reg, opts)
@@ -206,19 +193,19 @@ class AWSProvider(AWSInstances, AWSNetwork, AWSTeardown, IdleWatch):
             for zone in zones:
                 made: list[str] = []
                 try:
-                    nodes = self._launch_zone(spec, cluster, opts, reg, zone, itype, efa, existing, made)
+                    nodes = self.instances.launch_zone(spec, cluster, opts, reg, zone, itype, efa, existing, made)
                 except (CapacityError, QuotaError) as e:
                     attempts.add(f"{t.region}/{zone}", e)
                     self.report.warn(f"{zone}: {e.message}; "
                                      + ("trying the next region" if isinstance(e, QuotaError) else "trying elsewhere"))
-                    self._terminate_ids(cluster, t.region, made, opts.profile)
+                    self.teardown.terminate_ids(cluster, t.region, made, opts.profile)
                     if isinstance(e, QuotaError):
                         break
                     continue
-                self._record_nodes(spec, cluster, plan, opts, reg, zone, nodes, od_price, spot_price)
+                self.instances.record_nodes(spec, cluster, plan, opts, reg, zone, nodes, od_price, spot_price)
                 if opts.wait_ssh:
-                    self._wait_ssh(cluster, opts)
-                self._idle_watch(spec, cluster, opts)
+                    self.instances.wait_ssh(cluster, opts)
+                idle_watch(spec, opts, self.runners(cluster), self.report, self.max_workers)
                 return
             self._undo_region(cluster, reg, opts)
         what = f"{spec.num_nodes}x {itype} ({plan.market})"
@@ -233,27 +220,14 @@ class AWSProvider(AWSInstances, AWSNetwork, AWSTeardown, IdleWatch):
         if not reg.created:
             return
         try:
-            if self._find_instances(reg.name, cluster.id, opts.profile):
+            if self.clients.find_instances(reg.name, cluster.id, opts.profile):
                 return
-            left = self.teardown(reg.name, cluster.id, opts.profile, cluster=cluster)
+            left = self.teardown.teardown(reg.name, cluster.id, opts.profile, cluster=cluster)
         except GtrainError as e:
             self.report.warn(f"{reg.name}: could not clean up after the failed attempt: {e.message}")
             return
         if left:
             self.report.warn(f"{reg.name}: left after the failed attempt: {', '.join(left)}")
-
-    # ---- ssh ----
-
-    def runners(self, cluster: Cluster) -> list[Runner]:
-        from gtrain.remote.ssh import SSHRunner
-
-        out: list[Runner] = []
-        for node in self.store.nodes(cluster.id):
-            target = self._target(node.meta, node.instance_id or "")
-            r: SSHRunner = SSHRunner(target, cluster=cluster.name, label=f"node {node.rank} ({node.instance_id})",
-                                     address=node.address or node.meta.get("private_ip") or target.host)
-            out.append(r)
-        return out
 
     # ---- describe ----
 
@@ -265,8 +239,8 @@ class AWSProvider(AWSInstances, AWSNetwork, AWSTeardown, IdleWatch):
                 regions.append(r)
 
         add(cluster.region)
-        for n in self.store.nodes(cluster.id):
-            add(n.meta.get("region"))
+        for n in self.store.node_records(cluster.id):
+            add(n.extra.get("region"))
         for res in self.store.resources(cluster.id):
             add(res.region)
         res_spec = cluster.spec.get("resources") or {}
@@ -276,11 +250,11 @@ class AWSProvider(AWSInstances, AWSNetwork, AWSTeardown, IdleWatch):
         return regions
 
     def describe(self, cluster: Cluster) -> list[NodeStatus]:
-        profile = self._profile(cluster)
-        nodes = {n.rank: n for n in self.store.nodes(cluster.id)}
+        profile = api.profile_of(cluster)
+        nodes = {n.rank: n for n in self.store.node_records(cluster.id)}
         found: dict[int, dict[str, Any]] = {}
         for region in self._regions_of(cluster):
-            for inst in self._find_instances(region, cluster.id, profile, states=[*LIVE_STATES, "terminated"]):
+            for inst in self.clients.find_instances(region, cluster.id, profile, states=[*LIVE_STATES, "terminated"]):
                 rank = int(api.tagdict(inst).get(TAG_RANK, "-1"))
                 node = nodes.get(rank)
                 if node is not None and node.instance_id and inst["InstanceId"] != node.instance_id:
@@ -317,71 +291,31 @@ class AWSProvider(AWSInstances, AWSNetwork, AWSTeardown, IdleWatch):
     # ---- terminate ----
 
     def terminate(self, cluster: Cluster) -> None:
-        profile = self._profile(cluster)
+        profile = api.profile_of(cluster)
         ids_by_region: dict[str, set[str]] = {}
-        for n in self.store.nodes(cluster.id):
-            if n.instance_id and n.meta.get("region"):
-                ids_by_region.setdefault(n.meta["region"], set()).add(n.instance_id)
+        for n in self.store.node_records(cluster.id):
+            if n.instance_id and n.extra.get("region"):
+                ids_by_region.setdefault(n.extra["region"], set()).add(n.instance_id)
         left: list[str] = []
         for region in self._regions_of(cluster):
-            left += self.teardown(region, cluster.id, profile, known_ids=ids_by_region.get(region, set()),
+            left += self.teardown.teardown(region, cluster.id, profile, known_ids=ids_by_region.get(region, set()),
                                   cluster=cluster)
-        finish_down(self.store, self.report, self._store_lock, cluster, left, f"tagged {TAG_CLUSTER}={cluster.id}",
+        finish_down(self.ledger, self.report, cluster, left, f"tagged {TAG_CLUSTER}={cluster.id}",
                     "gtrain gc --yes")
 
     # ---- price ----
 
     def price(self, cluster: Cluster, interval: CostInterval) -> IntervalCost:
-        node = next((n for n in self.store.nodes(cluster.id) if n.rank == interval.node_rank), None)
-        meta: dict[str, Any] = node.meta if node is not None else {}
-        spot: tuple[float, bool, str] | None = None
-        if interval.market == "spot":
-            stop = interval.stopped_at or time.time()
-            od = float(meta.get("price_ondemand") or 0.0)
-            catalog_spot = float(meta.get("price_spot_catalog") or interval.price_per_hour)
-            rate, why = self._spot_rate(cluster, meta, interval.started_at, stop, od)
-            spot = ((catalog_spot, True, f"spot: {why}; used the catalog's spot estimate ${catalog_spot:g}/h")
-                    if rate is None else (rate, False, f"spot: ${rate:.4f}/h averaged from the spot price history"))
-        return cloud_interval_cost(interval, minimum_s=self.billing_minimum_s, spot=spot,
-                                   disk_gb=float(meta.get("disk_gb") or 0),
-                                   disk_usd_per_gb_month=self._ebs_rate(meta.get("region") or cluster.region),
-                                   disk_label="EBS gp3")
+        node = next((n for n in self.store.node_records(cluster.id) if n.rank == interval.node_rank), None)
+        return self.pricing.price(cluster, interval, node)
 
-    def _spot_rate(self, cluster: Cluster, meta: dict[str, Any], start: float, stop: float,
-                   on_demand: float) -> tuple[float | None, str]:
-        """Time-weighted spot $/h over [start, stop] from the price history, or (None, why not)."""
-        region, zone, itype = meta.get("region") or cluster.region, meta.get("zone"), meta.get("instance_type")
-        if not (region and zone and itype):
-            return None, "no zone recorded for this node"
-        key = (region, zone, itype, int(start), int(stop))
-        points = self._spot_cache.get(key)
-        if points is None:
-            try:
-                ec2 = self.ec2(region, self._profile(cluster))
-                pts: list[tuple[float, float]] = []
-                with api.call(f"{region}: describe_spot_price_history"):
-                    for page in ec2.get_paginator("describe_spot_price_history").paginate(
-                            InstanceTypes=[itype], ProductDescriptions=["Linux/UNIX"], AvailabilityZone=zone,
-                            StartTime=dt.datetime.fromtimestamp(start, dt.UTC),
-                            EndTime=dt.datetime.fromtimestamp(max(stop, start + 1), dt.UTC)):
-                        for p in page["SpotPriceHistory"]:
-                            pts.append((api.epoch(p["Timestamp"]), float(p["SpotPrice"])))
-            except GtrainError as e:
-                return None, f"spot price history unavailable ({e.message[:120]})"
-            points = sorted(pts)
-            self._spot_cache[key] = points
-        if not points:
-            return None, "no spot price history for this interval"
-        # the first record is the price in effect at `start` (AWS returns the last change before it)
-        total = 0.0
-        span = max(stop - start, 1e-9)
-        for i, (ts, p) in enumerate(points):
-            seg_start = start if i == 0 else max(ts, start)
-            seg_end = min(points[i + 1][0], stop) if i + 1 < len(points) else stop
-            if seg_end > seg_start:
-                total += p * (seg_end - seg_start)
-        rate = total / span if stop > start else points[0][1]
-        lo = min(p for _, p in points)
-        if on_demand and (lo < SPOT_IMPLAUSIBLE_FRACTION * on_demand or rate > on_demand * 1.0001):
-            return None, (f"the spot price history is implausible (${lo:g}/h against ${on_demand:g}/h on-demand)")
-        return rate, ""
+    # ---- gc ----
+
+    def gc(self, regions: list[str] | None, live_cluster_ids: set[str], delete: bool,
+           **options: str | None) -> GCResult:
+        """Every resource tagged ``gtrain:cluster`` in ``regions`` (default: the catalog's and state's) that no
+        live cluster owns; option ``profile`` (boto3's)."""
+        from gtrain.providers.aws.gc import default_regions, sweep
+
+        return sweep(self.teardown, list(regions) if regions else default_regions(self.store), live_cluster_ids,
+                     delete, options.get("profile"), self.report)

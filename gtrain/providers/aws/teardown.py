@@ -1,5 +1,5 @@
 """Finding and deleting what a cluster owns in a region, by tag: instances (terminated and waited for), placement
-groups, security groups, key pairs, and volumes and interfaces that outlived their instance. Mixed into
+groups, security groups, key pairs, and volumes and interfaces that outlived their instance. A part of
 :class:`gtrain.providers.aws.AWSProvider`; used by ``down``, by a failed attempt's clean-up and by ``gtrain gc``."""
 
 from __future__ import annotations
@@ -11,19 +11,28 @@ from typing import TYPE_CHECKING, Any
 
 from gtrain.errors import ProviderError
 from gtrain.providers.aws import api
-from gtrain.providers.aws.api import CREDENTIAL_CODES, LIVE_STATES, TAG_CLUSTER, AWSBase
+from gtrain.providers.aws.api import CREDENTIAL_CODES, LIVE_STATES, TAG_CLUSTER
 
 if TYPE_CHECKING:
+    from gtrain.events import Reporter
+    from gtrain.providers.cloud.ledger import Ledger
     from gtrain.state import Cluster
 
 
-class AWSTeardown(AWSBase):
+class AWSTeardown:
     """Teardown of one region by tag (:meth:`teardown`) and listing what is tagged (:meth:`list_tagged`)."""
 
-    def _terminate_ids(self, cluster: Cluster | None, region: str, ids: list[str], profile: str | None) -> None:
+    def __init__(self, clients: api.EC2Clients, ledger: Ledger, report: Reporter) -> None:
+        self.clients = clients
+        self.ledger = ledger
+        self.store = ledger.store
+        self.report = report
+
+
+    def terminate_ids(self, cluster: Cluster | None, region: str, ids: list[str], profile: str | None) -> None:
         if not ids:
             return
-        ec2 = self.ec2(region, profile)
+        ec2 = self.clients.ec2(region, profile)
         for i in range(0, len(ids), 500):
             try:
                 with api.call(f"{region}: terminate_instances"):
@@ -36,13 +45,13 @@ class AWSTeardown(AWSBase):
                         ec2.terminate_instances(InstanceIds=[iid])
         self._wait_gone(region, ids, profile)
         if cluster is not None:
-            with self._store_lock:
+            with self.ledger.lock:
                 for res in self.store.resources(cluster.id, live_only=True):
                     if res.kind == "instance" and res.ref in ids:
                         self.store.mark_resource(res.id, "deleted")
 
     def _wait_gone(self, region: str, ids: list[str], profile: str | None, timeout: float = 900.0) -> None:
-        ec2 = self.ec2(region, profile)
+        ec2 = self.clients.ec2(region, profile)
         deadline = time.monotonic() + timeout
         delay = 0.25
         pending = list(ids)
@@ -73,11 +82,11 @@ class AWSTeardown(AWSBase):
                  cluster: Cluster | None = None) -> list[str]:
         """Delete everything tagged ``gtrain:cluster=cluster_id`` in ``region`` (plus ``known_ids``); returns
         what still exists afterwards (empty when clean). Used by ``down`` and ``gtrain gc``."""
-        ec2 = self.ec2(region, profile)
-        ids = {i["InstanceId"] for i in self._find_instances(region, cluster_id, profile)} | set(known_ids or ())
+        ec2 = self.clients.ec2(region, profile)
+        ids = {i["InstanceId"] for i in self.clients.find_instances(region, cluster_id, profile)} | set(known_ids or ())
         if ids:
             self.report.info(f"{region}: terminating {len(ids)} instance(s)")
-            self._terminate_ids(cluster, region, sorted(ids), profile)
+            self.terminate_ids(cluster, region, sorted(ids), profile)
         name = api.resource_name(cluster_id)
         # placement group (by its deterministic name; the API lists them by tag too)
         pgs = {name}
@@ -118,7 +127,7 @@ class AWSTeardown(AWSBase):
                     lambda ni=ni: ec2.delete_network_interface(NetworkInterfaceId=ni["NetworkInterfaceId"]),  # type: ignore[misc]
                     f"{region}: delete_network_interface {ni['NetworkInterfaceId']}")
         if cluster is not None:
-            with self._store_lock:
+            with self.ledger.lock:
                 for res in self.store.resources(cluster.id, live_only=True):
                     if res.region == region:
                         self.store.mark_resource(res.id, "deleted")
@@ -171,7 +180,7 @@ class AWSTeardown(AWSBase):
     def list_tagged(self, region: str, cluster_id: str | None, profile: str | None = None,
                     on_unlistable: Callable[[str, str], None] | None = None) -> list[tuple[str, str]]:
         """(kind, id) of every live resource in ``region`` tagged with the cluster (or with any cluster)."""
-        ec2 = self.ec2(region, profile)
+        ec2 = self.clients.ec2(region, profile)
         out: list[tuple[str, str]] = []
         for kind in self.RESOURCE_KINDS:
             try:

@@ -1,6 +1,6 @@
 """Compute Engine plumbing for the gcp provider: the google-cloud-compute clients (REST transport), the one
 place their exceptions and failed operations become :mod:`gtrain.errors`, waiting on operations, labels, and
-the instance and firewall bodies, and :class:`GCPBase`, the state every part of the provider shares.
+the instance and firewall bodies, and :class:`Compute`, the clients every part of the provider shares.
 google.cloud is imported inside functions only.
 
 Endpoint and credentials follow gcloud: ``CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE`` (e.g.
@@ -19,16 +19,10 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gtrain.errors import CapacityError, ConfigError, CredentialsError, GtrainError, ProviderError, QuotaError
-from gtrain.events import SILENT, Reporter
-from gtrain.providers.base import Provider
-from gtrain.providers.common import Ledger
-
-if TYPE_CHECKING:
-    from gtrain.providers.gcp.options import GCPOptions
-    from gtrain.state import StateStore
+from gtrain.providers.cloud.errors import with_code
 
 ENDPOINT_ENV = "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE"
 
@@ -150,7 +144,7 @@ def classify(codes: list[str], message: str, status: int | None, what: str) -> G
                                           "the Compute Engine API is enabled in gcp.project")
     else:
         err = ProviderError(text)
-    err.code = code  # type: ignore[attr-defined,union-attr]
+    with_code(err, code)
     return err
 
 
@@ -355,22 +349,17 @@ def firewall_bodies(cluster_id: str, network: str, ssh_cidr: str | None) -> list
     return out
 
 
-# ---------------------------------------------------------------------------------------------- the shared base
+# ---------------------------------------------------------------------------------------------- the clients
 
 
-class GCPBase(Ledger, Provider):
-    """The state every part of :class:`~gtrain.providers.gcp.GCPProvider` shares: the clients (made once, under a
-    lock), the project, the store lock (one sqlite connection: one writer at a time), the ledger helpers
-    (:class:`~gtrain.providers.common.Ledger`) and reading one instance."""
+class Compute:
+    """The clients every part of :class:`~gtrain.providers.gcp.GCPProvider` shares (made once, under a lock, on
+    first use; tests pass their own, pointed at a fake) and reading one instance."""
 
-    def __init__(self, store: StateStore, report: Reporter = SILENT, *, clients: GCEClients | None = None,
-                 credentials: Any = None, max_workers: int = 32) -> None:
-        super().__init__(store, report)
+    def __init__(self, clients: GCEClients | None = None, credentials: Any = None) -> None:
         self._clients = clients
         self._credentials = credentials
         self._lock = threading.Lock()
-        self._store_lock = threading.RLock()  # one sqlite connection: one writer at a time
-        self._max_workers = max_workers
 
     @property
     def clients(self) -> GCEClients:
@@ -379,15 +368,7 @@ class GCPBase(Ledger, Provider):
                 self._clients = make_clients(self._credentials)
             return self._clients
 
-    def project(self, opts: GCPOptions) -> str:
-        p = opts.project or default_project()
-        if not p:
-            raise ConfigError("gcp.project: no project given and none found in the environment",
-                              hint="set gcp.project, or GOOGLE_CLOUD_PROJECT, or `gcloud config set project ID`",
-                              field="gcp.project")
-        return p
-
-    def _instance(self, project: str, zone: str, name: str) -> Any | None:
+    def instance(self, project: str, zone: str, name: str) -> Any | None:
         """The instance, or None where it does not exist."""
         try:
             with gce(f"instances.get {name}"):
@@ -396,3 +377,13 @@ class GCPBase(Ledger, Provider):
             if not is_not_found(e):
                 raise
             return None
+
+
+def project_of(explicit: str | None) -> str:
+    """The project: ``gcp.project``, else the environment's; a ConfigError naming ``gcp.project`` when none."""
+    p = explicit or default_project()
+    if not p:
+        raise ConfigError("gcp.project: no project given and none found in the environment",
+                          hint="set gcp.project, or GOOGLE_CLOUD_PROJECT, or `gcloud config set project ID`",
+                          field="gcp.project")
+    return p

@@ -1,31 +1,28 @@
 """``gtrain gc --provider gcp``: every instance labelled ``gtrain-cluster`` and every ``gtrain-<id>-ssh|-int``
 firewall rule in the project that no live cluster in state owns. Lists by default; deletes (instances first,
-then firewall rules) with ``delete=True``, through the same teardown as ``gtrain down``."""
+then firewall rules) with ``delete=True``, through the same teardown as ``gtrain down``
+(:class:`~.teardown.GCPTeardown`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from gtrain.events import SILENT, Reporter
-from gtrain.providers.common import GCResult, Orphan, live_cluster_ids
+from gtrain.providers.base import GCResult, Orphan
+from gtrain.providers.gcp import api
 
 if TYPE_CHECKING:
-    from gtrain.state import StateStore
+    from gtrain.events import Reporter
+    from gtrain.providers.gcp.teardown import GCPTeardown
 
-__all__ = ["gc", "live_cluster_ids"]
+__all__ = ["sweep"]
 
 
-def gc(project: str | None, live_ids: set[str], delete: bool, *, store: StateStore, report: Reporter = SILENT,
-       regions: list[str] | None = None, clients: Any = None) -> GCResult:
-    """Sweep one project (``None``: the environment's). ``regions`` limits the instances looked at to zones of
-    those regions (firewall rules are global and always looked at)."""
-    from gtrain.providers.gcp import api
-    from gtrain.providers.gcp.provider import GCPProvider, gcp_options
-
-    provider = GCPProvider(store, report, clients=clients)
-    proj = provider.project(gcp_options({"project": project} if project else {}))
-    res = GCResult([proj] + [f"{r}-*" for r in regions or []])
-    for kind_cluster, ref in provider.list_owned(proj, None):
+def sweep(teardown: GCPTeardown, project: str, live_ids: set[str], delete: bool, regions: list[str] | None,
+          report: Reporter) -> GCResult:
+    """Sweep one project. ``regions`` limits the instances looked at to zones of those regions (firewall rules
+    are global and always looked at)."""
+    res = GCResult([project] + [f"{r}-*" for r in regions or []])
+    for kind_cluster, ref in teardown.list_owned(project, None):
         kind, _, cid = kind_cluster.partition(":")
         where = ref.split("/", 1)[0] if kind == "instance" else "global"
         if regions and kind == "instance" and api.region_of_zone(where) not in regions:
@@ -37,8 +34,8 @@ def gc(project: str | None, live_ids: set[str], delete: bool, *, store: StateSto
     if not delete or not res.orphans:
         return res
     for cid in res.clusters:
-        report.info(f"{proj}: deleting what cluster {cid} left")
+        report.info(f"{project}: deleting what cluster {cid} left")
         known = [(o.region, o.id) for o in res.orphans if o.cluster_id == cid and o.kind == "instance"]
-        res.left += provider.teardown(proj, cid, known=known)
+        res.left += teardown.teardown(project, cid, known=known)
     res.deleted = True
     return res

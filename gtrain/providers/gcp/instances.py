@@ -3,11 +3,10 @@ parallel, each with a ``requestId`` kept in the resource ledger before the call 
 (``<cluster id>-<rank>``), so a retried or resumed ``up`` gets the same instance back; the insert's zone
 operation is waited on (zoneOperations.wait), then every node until it is RUNNING (a Spot VM deleted while it
 starts is a capacity error). Then recording the nodes and waiting for SSH with the host keys the guest agent
-publishes in guest attributes. Mixed into :class:`gtrain.providers.gcp.provider.GCPProvider`."""
+publishes in guest attributes. A part of :class:`gtrain.providers.gcp.provider.GCPProvider`."""
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 import uuid
@@ -15,26 +14,37 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from gtrain.errors import CapacityError, GtrainError, ProviderError, QuotaError
-from gtrain.providers.common import key_path, wait_ssh, write_ssh_config
+from gtrain.providers.cloud.keys import key_path
+from gtrain.providers.cloud.ssh_access import wait_ssh, write_ssh_config
 from gtrain.providers.gcp import api
-from gtrain.providers.gcp.api import LABEL_RANK, GCPBase, gce
+from gtrain.providers.gcp.api import LABEL_RANK, gce
 from gtrain.providers.gcp.options import GCPOptions, gcp_options
 
 if TYPE_CHECKING:
     from gtrain.catalog import Offer
+    from gtrain.events import Reporter
     from gtrain.providers.base import Plan
+    from gtrain.providers.cloud.ledger import Ledger
+    from gtrain.remote.ssh.target import SSHTarget
     from gtrain.spec import ClusterSpec
     from gtrain.state import Cluster
 
 
-class GCPInstances(GCPBase):
+class GCPInstances:
     """The nodes of a cluster in one zone: create (idempotently), wait for running, record, wait for SSH."""
+
+    def __init__(self, compute: api.Compute, ledger: Ledger, report: Reporter, max_workers: int) -> None:
+        self.compute = compute
+        self.ledger = ledger
+        self.store = ledger.store
+        self.report = report
+        self.max_workers = max_workers
 
     def _tokens(self, cluster: Cluster, ranks: list[int], zone: str) -> dict[int, tuple[str, int]]:
         """The requestId (and ledger row) of each node's insert in this zone, recorded before the call; a row still
         'creating' (a crash between request and answer) is reused so GCE answers with the same operation."""
         out: dict[int, tuple[str, int]] = {}
-        with self._store_lock:
+        with self.ledger.lock:
             for res in self.store.resources(cluster.id, live_only=True):
                 m = res.meta
                 if res.kind == "instance" and res.status == "creating" and m.get("rank") in ranks \
@@ -48,7 +58,7 @@ class GCPInstances(GCPBase):
                         region=api.region_of_zone(zone), meta={"rank": rank, "zone": zone, "request_id": rq}))
         return out
 
-    def _launch_zone(self, spec: ClusterSpec, cluster: Cluster, project: str, zone: str, body: api.NodeBody,
+    def launch_zone(self, spec: ClusterSpec, cluster: Cluster, project: str, zone: str, body: api.NodeBody,
                      existing: dict[int, Any], made: list[str]) -> dict[int, Any]:
         missing = [r for r in range(spec.num_nodes) if r not in existing]
         if missing:
@@ -67,12 +77,12 @@ class GCPInstances(GCPBase):
             try:
                 try:
                     with gce(what):
-                        op = self.clients.instances.insert(request=compute_v1.InsertInstanceRequest(
+                        op = self.compute.clients.instances.insert(request=compute_v1.InsertInstanceRequest(
                             project=project, zone=zone, request_id=rq,
                             instance_resource=api.instance_body(body, name, zone, labels)))
                     with made_lock:
                         made.append(name)
-                    api.wait_zone_op(self.clients, project, zone, op.name, what)
+                    api.wait_zone_op(self.compute.clients, project, zone, op.name, what)
                 except ProviderError as e:
                     if api.code(e) != "alreadyExists":
                         raise
@@ -80,15 +90,15 @@ class GCPInstances(GCPBase):
                         if name not in made:
                             made.append(name)
             except GtrainError:
-                self._mark(rid, "not-created")
+                self.ledger.mark(rid, "not-created")
                 raise
-            self._mark(rid, "created")
+            self.ledger.mark(rid, "created")
             self.report.node(rank, f"{name} created in {zone}")
             return name
 
         if missing:
             errors: list[BaseException] = []
-            with ThreadPoolExecutor(min(self._max_workers, len(missing))) as pool:
+            with ThreadPoolExecutor(min(self.max_workers, len(missing))) as pool:
                 futs = [pool.submit(one, rank) for rank in missing]
                 for f in futs:
                     try:
@@ -110,7 +120,7 @@ class GCPInstances(GCPBase):
         while True:
             got: dict[int, Any] = {}
             for rank, name in names.items():
-                inst = self._instance(project, zone, name)
+                inst = self.compute.instance(project, zone, name)
                 if inst is None:
                     if spec.resources.use_spot and name in seen:  # GCE took a Spot VM back while it started
                         raise CapacityError(f"{name} was deleted while starting (Spot capacity)")
@@ -131,8 +141,10 @@ class GCPInstances(GCPBase):
             time.sleep(delay)
             delay = min(delay * 2, opts.poll_s)
 
-    def _record_nodes(self, spec: ClusterSpec, cluster: Cluster, plan: Plan, opts: GCPOptions, project: str,
+    def record_nodes(self, spec: ClusterSpec, cluster: Cluster, plan: Plan, opts: GCPOptions, project: str,
                       zone: str, nodes: dict[int, Any], offer: Offer) -> None:
+        from gtrain.nodes import NodeRecord
+
         spot = spec.resources.use_spot
         price = offer.price(spot)
         region = api.region_of_zone(zone)
@@ -140,31 +152,31 @@ class GCPInstances(GCPBase):
             nic = inst.network_interfaces[0] if inst.network_interfaces else None
             private_ip = nic.network_i_p if nic else None
             public_ip = nic.access_configs[0].nat_i_p if nic and nic.access_configs else None
+            launched = time.time()
             meta: dict[str, Any] = {
-                "launched_at": time.time(), "project": project, "region": region, "zone": zone,
+                "project": project, "region": region, "zone": zone,
                 "market": "spot" if spot else "on-demand", "instance_type": offer.instance_type,
                 "accelerator_type": offer.accelerator_type, "price_ondemand": offer.price_ondemand,
                 "price_spot_catalog": offer.price_spot, "disk_gb": spec.resources.disk_gb, "disk_type": opts.disk_type,
                 "private_ip": private_ip, "public_ip": public_ip, "spot": spot, "ssh_user": opts.ssh_user,
                 "key_file": str(key_path(cluster.id)), "proxy_command": opts.ssh_proxy_command,
             }
-            meta["ssh"] = dataclasses.asdict(_target(meta, inst.name))
-            with self._store_lock:
-                self.store.upsert_node(cluster.id, rank, status="up", address=private_ip, instance_id=inst.name,
-                                       zone=zone, meta=meta)
+            self.ledger.put_node(cluster.id, NodeRecord(
+                rank=rank, status="up", address=private_ip, instance_id=inst.name, zone=zone,
+                ssh=ssh_target(meta, inst.name), launched_at=launched, extra=meta))
         plan.region, plan.zone, plan.price_per_hour = region, zone, price
-        with self._store_lock:
+        with self.ledger.lock:
             self.store.update_cluster(cluster.id, region=region, price_per_hour=price)
-        write_ssh_config(self.store, self.report, self._store_lock)
+        write_ssh_config(self.ledger, self.report)
 
     # ---- ssh ----
 
-    def _wait_ssh(self, cluster: Cluster, opts: GCPOptions, project: str) -> None:
-        wait_ssh(cluster, self.store, self.report, self._store_lock,
-                 host_keys=lambda node: self._guest_host_keys(project, node.zone or node.meta.get("zone") or "",
+    def wait_ssh(self, cluster: Cluster, opts: GCPOptions, project: str) -> None:
+        wait_ssh(cluster, self.ledger, self.report,
+                 host_keys=lambda node: self._guest_host_keys(project, node.zone or node.extra.get("zone") or "",
                                                               node.instance_id or ""),
                  host_key_wait_s=opts.host_key_wait_s, ssh_timeout_s=opts.ssh_timeout_s, poll_s=opts.poll_s,
-                 max_workers=self._max_workers, key_source="the instance's guest attributes",
+                 max_workers=self.max_workers, key_source="the instance's guest attributes",
                  hint="check gcp.ssh_cidr / gcp.ssh_proxy_command; `gtrain down` removes them")
 
     def _guest_host_keys(self, project: str, zone: str, name: str) -> list[str]:
@@ -173,7 +185,7 @@ class GCPInstances(GCPBase):
         try:
             with gce(f"instances.getGuestAttributes {name}"):
                 # query_path is not a flattened argument of the client: it goes in the request
-                ga = self.clients.instances.get_guest_attributes(request={
+                ga = self.compute.clients.instances.get_guest_attributes(request={
                     "project": project, "zone": zone, "instance": name, "query_path": "hostkeys/"})
         except ProviderError as e:
             if api.is_not_found(e):  # not published yet (the guest agent is still starting)
@@ -184,8 +196,10 @@ class GCPInstances(GCPBase):
                 if i.namespace == "hostkeys" and (i.key.startswith("ssh-") or i.key.startswith("ecdsa-")) and i.value]
 
 
-def _target(meta: dict[str, Any], name: str) -> Any:
-    from gtrain.remote.ssh import SSHTarget
+def ssh_target(meta: dict[str, Any], name: str) -> SSHTarget:
+    """How gtrain reaches an instance: its external address (internal without one), or its name through
+    ``gcp.ssh_proxy_command`` (IAP)."""
+    from gtrain.remote.ssh.target import SSHTarget
 
     proxy = meta.get("proxy_command")
     if proxy:  # {zone} and {project} are filled in here (IAP tunnels need the zone); %h is OpenSSH's

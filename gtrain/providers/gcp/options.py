@@ -6,7 +6,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from gtrain.providers.common import CloudOptions
+from gtrain.providers.cloud.options import CloudOptions
 from gtrain.providers.gcp import api
 
 __all__ = ["DEFAULT_IMAGE_FAMILY", "DEFAULT_IMAGE_PROJECT", "GCPOptions", "gcp_options"]

@@ -15,23 +15,18 @@ added by GB-hour at :data:`PD_USD_PER_GB_MONTH`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from gtrain.errors import CapacityError, ConfigError, GtrainError, ProviderError, QuotaError
-from gtrain.providers.base import IntervalCost, NodeStatus, Plan
-from gtrain.providers.common import (
-    Attempts,
-    IdleWatch,
-    cloud_interval_cost,
-    drop_key,
-    ensure_key,
-    finish_down,
-    lifetime_note,
-    lifetime_s,
-    owner,
-    resolve_ssh_cidr,
-    ssh_notes,
-)
+from gtrain.events import SILENT, Reporter
+from gtrain.providers.base import GCResult, IntervalCost, NodeStatus, Plan
+from gtrain.providers.cloud.billing import cloud_interval_cost
+from gtrain.providers.cloud.failover import Attempts
+from gtrain.providers.cloud.idle import idle_watch
+from gtrain.providers.cloud.keys import drop_key, ensure_key, owner
+from gtrain.providers.cloud.lifetime import lifetime_note, lifetime_s
+from gtrain.providers.cloud.provider import CloudProvider
+from gtrain.providers.cloud.ssh_access import finish_down, resolve_ssh_cidr, ssh_notes
 from gtrain.providers.gcp import api
 from gtrain.providers.gcp.api import LABEL_CLUSTER, LABEL_RANK, gce
 from gtrain.providers.gcp.instances import GCPInstances
@@ -41,9 +36,8 @@ from gtrain.providers.gcp.zones import REGION_ZONES, GCPZones, _attached
 
 if TYPE_CHECKING:
     from gtrain.catalog import Offer
-    from gtrain.remote.base import Runner
     from gtrain.spec import ClusterSpec
-    from gtrain.state import Cluster, CostInterval
+    from gtrain.state import Cluster, CostInterval, StateStore
 
 __all__ = ["PD_USD_PER_GB_MONTH", "REGION_ZONES", "GCPOptions", "GCPProvider", "gcp_options"]
 
@@ -51,11 +45,24 @@ __all__ = ["PD_USD_PER_GB_MONTH", "REGION_ZONES", "GCPOptions", "GCPProvider", "
 PD_USD_PER_GB_MONTH = {"pd-balanced": 0.10, "pd-ssd": 0.17, "pd-standard": 0.04}
 
 
-class GCPProvider(GCPInstances, GCPZones, GCPTeardown, IdleWatch):
+class GCPProvider(CloudProvider):
+    """Composed of :class:`.zones.GCPZones`, :class:`.instances.GCPInstances` and :class:`.teardown.GCPTeardown`,
+    each given the shared :class:`.api.Compute` clients, ledger and reporter."""
+
     name = "gcp"
-    billing_minimum_s = 60.0
-    confirms_cost = True
-    nodes_enforce_limits = True
+    gc_scope: ClassVar[str | None] = "zone"
+
+    def __init__(self, store: StateStore, report: Reporter = SILENT, *, clients: api.GCEClients | None = None,
+                 credentials: Any = None, max_workers: int = 32) -> None:
+        super().__init__(store, report, max_workers=max_workers)
+        self.compute = api.Compute(clients, credentials)
+        self.zones = GCPZones(self.compute, report)
+        self.instances = GCPInstances(self.compute, self.ledger, report, max_workers)
+        self.teardown = GCPTeardown(self.compute, self.ledger, report, max_workers)
+
+    @staticmethod
+    def project(opts: GCPOptions) -> str:
+        return api.project_of(opts.project)
 
     def _opts(self, cluster: Cluster) -> GCPOptions:
         return gcp_options(cluster.spec.get("gcp"))
@@ -70,15 +77,15 @@ class GCPProvider(GCPInstances, GCPZones, GCPTeardown, IdleWatch):
                               hint="give one or the other", field="resources.region")
         given = res.region_list()
         try:
-            offer = self._offer(spec, given[0] if given else None)
+            offer = self.zones.offer(spec, given[0] if given else None)
         except ConfigError as e:
             if e.field == "resources.region" and res.regions:
                 e.field = "resources.regions[0]"
                 e.message = e.message.replace("resources.region:", "resources.regions[0]:", 1)
             raise
-        regions = self._regions(spec, offer)
+        regions = self.zones.regions(spec, offer)
         for i, r in enumerate(regions):
-            if self._regional_offer(offer, r) is None:
+            if self.zones.regional_offer(offer, r) is None:
                 raise ConfigError(f"resources.regions[{i}]: {offer.instance_type} ({offer.accelerators}) is not "
                                   f"offered in {r}", hint="drop that region or pick another GPU",
                                   field=f"resources.regions[{i}]")
@@ -87,7 +94,7 @@ class GCPProvider(GCPInstances, GCPZones, GCPTeardown, IdleWatch):
                 raise ConfigError(f"resources.zones[{i}]: {z!r} is not a zone of {', '.join(regions)}",
                                   hint="zones are the region name plus -a, -b, ..., e.g. us-central1-a",
                                   field=f"resources.zones[{i}]")
-        first = self._regional_offer(offer, regions[0]) or offer
+        first = self.zones.regional_offer(offer, regions[0]) or offer
         notes = [f"{first.instance_type}: {first.vcpus} vCPUs, {first.memory_gib:g} GiB, {first.gpu_count}x "
                  f"{first.gpu_name} {first.gpu_memory_gib:g} GB" + (f" ({first.accelerator_type} attached)"
                                                                      if _attached(first) else "")]
@@ -101,7 +108,7 @@ class GCPProvider(GCPInstances, GCPZones, GCPTeardown, IdleWatch):
         notes += ssh_notes(opts.ssh_cidr, opts.ssh_proxy_command, "gcp")
         notes += lifetime_note(lifetime_s(spec.policies, spec.num_nodes, first.price(res.use_spot)),
                                "GCE's maxRunDuration, action DELETE")
-        zones = self._zones(spec, regions[0])
+        zones = self.zones.zones(spec, regions[0])
         return Plan(provider="gcp", num_nodes=spec.num_nodes, instance_type=first.instance_type,
                     market="spot" if res.use_spot else "on-demand", region=regions[0],
                     zone=zones[0] if zones else None, gpu_name=first.gpu_name, gpus_per_node=first.gpu_count,
@@ -112,13 +119,13 @@ class GCPProvider(GCPInstances, GCPZones, GCPTeardown, IdleWatch):
     def provision(self, spec: ClusterSpec, cluster: Cluster, plan: Plan) -> None:
         opts = gcp_options(spec.gcp)
         project = self.project(opts)
-        offer = self._offer(spec, None if not spec.resources.region_list() else spec.resources.region_list()[0])
-        regions = self._regions(spec, offer)
+        offer = self.zones.offer(spec, None if not spec.resources.region_list() else spec.resources.region_list()[0])
+        regions = self.zones.regions(spec, offer)
         ssh_cidr = resolve_ssh_cidr(opts.ssh_cidr, opts.ssh_proxy_command, "gcp", " (IAP)")
         pub = ensure_key(cluster.id)
         # a resumed `up`: the nodes already there pin the zone
         existing: dict[int, Any] = {}
-        found = self.find_instances(project, cluster.id)
+        found = self.teardown.find_instances(project, cluster.id)
         if found:
             zone = api.zone_of(found[0].zone)
             regions = [api.region_of_zone(zone)]
@@ -133,12 +140,12 @@ class GCPProvider(GCPInstances, GCPZones, GCPTeardown, IdleWatch):
         made_fw = self._ensure_firewalls(cluster, project, opts, ssh_cidr)
         attempts = Attempts()
         for region in regions:
-            regional = self._regional_offer(offer, region)
+            regional = self.zones.regional_offer(offer, region)
             if regional is None:
                 attempts.add(region, f"{offer.instance_type} ({offer.accelerators}) not in the catalog here")
                 continue
             body = self._body(spec, cluster, opts, regional, pub)
-            zones = zones_pin or self._offered_zones(spec, project, region, regional)
+            zones = zones_pin or self.zones.offered_zones(spec, project, region, regional)
             if not zones:
                 attempts.add(region, f"no zone offers {regional.instance_type}"
                              + (f" with {regional.accelerator_type}" if _attached(regional) else ""))
@@ -146,22 +153,22 @@ class GCPProvider(GCPInstances, GCPZones, GCPTeardown, IdleWatch):
             for zone in zones:
                 made: list[str] = []
                 try:
-                    nodes = self._launch_zone(spec, cluster, project, zone, body, existing, made)
+                    nodes = self.instances.launch_zone(spec, cluster, project, zone, body, existing, made)
                 except (CapacityError, QuotaError) as e:
                     attempts.add(f"{region}/{zone}", e)
                     self.report.warn(f"{zone}: {e.message}; "
                                      + ("trying the next region" if isinstance(e, QuotaError) else "trying elsewhere"))
-                    self._delete_instances(project, [(zone, n) for n in made], cluster)
+                    self.teardown.delete_instances(project, [(zone, n) for n in made], cluster)
                     if isinstance(e, QuotaError):
                         break
                     continue
                 except BaseException:  # a bad request, an outage: leave nothing this call made, then say why
                     self._undo(project, cluster, zone, made, made_fw if not existing else [])
                     raise
-                self._record_nodes(spec, cluster, plan, opts, project, zone, nodes, regional)
+                self.instances.record_nodes(spec, cluster, plan, opts, project, zone, nodes, regional)
                 if opts.wait_ssh:
-                    self._wait_ssh(cluster, opts, project)
-                self._idle_watch(spec, cluster, opts)
+                    self.instances.wait_ssh(cluster, opts, project)
+                idle_watch(spec, opts, self.runners(cluster), self.report, self.max_workers)
                 return
         what = f"{spec.num_nodes}x {offer.instance_type} ({plan.market})"
         if not existing:  # nothing of this cluster runs anywhere: its firewall rules and local key go too
@@ -174,9 +181,9 @@ class GCPProvider(GCPInstances, GCPZones, GCPTeardown, IdleWatch):
         """Delete what a failed ``up`` made (best effort: the first error is the one to report)."""
         try:
             if zone and made:
-                self._delete_instances(project, [(zone, n) for n in made], cluster)
+                self.teardown.delete_instances(project, [(zone, n) for n in made], cluster)
             if firewalls:
-                self._delete_firewalls(project, cluster.id, cluster, only=firewalls)
+                self.teardown.delete_firewalls(project, cluster.id, cluster, only=firewalls)
                 drop_key(cluster.id)
         except GtrainError as e:
             self.report.warn(f"could not clean up after the failed attempt: {e.message}")
@@ -201,31 +208,23 @@ class GCPProvider(GCPInstances, GCPZones, GCPTeardown, IdleWatch):
         for fw in api.firewall_bodies(cluster.id, opts.network, ssh_cidr):
             try:
                 with gce(f"firewalls.get {fw.name}"):
-                    self.clients.firewalls.get(project=project, firewall=fw.name)
+                    self.compute.clients.firewalls.get(project=project, firewall=fw.name)
                 continue
             except ProviderError as e:
                 if not api.is_not_found(e):
                     raise
-            rid = self._record(cluster, "firewall", fw.name, "global")
+            rid = self.ledger.record(cluster, "firewall", fw.name, "global")
             try:
                 with gce(f"firewalls.insert {fw.name}"):
-                    op = self.clients.firewalls.insert(project=project, firewall_resource=fw)
-                api.wait_global_op(self.clients, project, op.name, f"firewalls.insert {fw.name}")
+                    op = self.compute.clients.firewalls.insert(project=project, firewall_resource=fw)
+                api.wait_global_op(self.compute.clients, project, op.name, f"firewalls.insert {fw.name}")
             except GtrainError as e:
                 if api.code(e) != "alreadyExists":
-                    self._mark(rid, "not-created")
+                    self.ledger.mark(rid, "not-created")
                     raise
-            self._mark(rid, "created")
+            self.ledger.mark(rid, "created")
             made.append(fw.name)
         return made
-
-    # ---- ssh ----
-
-    def runners(self, cluster: Cluster) -> list[Runner]:
-        from gtrain.providers.ssh import runner_from_meta
-
-        return [runner_from_meta(n.meta, rank=n.rank, address=n.address, cluster=cluster.name)
-                for n in self.store.nodes(cluster.id)]
 
     # ---- describe ----
 
@@ -233,10 +232,10 @@ class GCPProvider(GCPInstances, GCPZones, GCPTeardown, IdleWatch):
         project = self.project(self._opts(cluster))
         by_gtrain = cluster.status in ("terminating", "terminated")
         out: list[NodeStatus] = []
-        for node in self.store.nodes(cluster.id):
-            zone, name = node.zone or node.meta.get("zone") or "", node.instance_id or ""
-            spot = bool(node.meta.get("spot"))
-            inst = self._instance(project, zone, name)
+        for node in self.store.node_records(cluster.id):
+            zone, name = node.zone or node.extra.get("zone") or "", node.instance_id or ""
+            spot = bool(node.extra.get("spot"))
+            inst = self.compute.instance(project, zone, name)
             if inst is None:
                 why = self._preempted_op(project, zone, name)
                 if why or (spot and not by_gtrain and node.status not in ("terminated", "deleted")):
@@ -263,7 +262,7 @@ class GCPProvider(GCPInstances, GCPZones, GCPTeardown, IdleWatch):
 
         try:
             with gce("zoneOperations.list"):
-                ops = list(self.clients.zone_operations.list(request=compute_v1.ListZoneOperationsRequest(
+                ops = list(self.compute.clients.zone_operations.list(request=compute_v1.ListZoneOperationsRequest(
                     project=project, zone=zone, filter='operationType = "compute.instances.preempted"')))
         except ProviderError:
             return None
@@ -276,17 +275,17 @@ class GCPProvider(GCPInstances, GCPZones, GCPTeardown, IdleWatch):
 
     def terminate(self, cluster: Cluster) -> None:
         project = self.project(self._opts(cluster))
-        known = [(n.zone or n.meta.get("zone") or "", n.instance_id or "") for n in self.store.nodes(cluster.id)
-                 if n.instance_id]
-        left = self.teardown(project, cluster.id, cluster=cluster, known=known)
-        finish_down(self.store, self.report, self._store_lock, cluster, left, f"of cluster {cluster.id}",
+        known = [(n.zone or n.extra.get("zone") or "", n.instance_id or "")
+                 for n in self.store.node_records(cluster.id) if n.instance_id]
+        left = self.teardown.teardown(project, cluster.id, cluster=cluster, known=known)
+        finish_down(self.ledger, self.report, cluster, left, f"of cluster {cluster.id}",
                     "gtrain gc --provider gcp --yes")
 
     # ---- price ----
 
     def price(self, cluster: Cluster, interval: CostInterval) -> IntervalCost:
-        node = next((n for n in self.store.nodes(cluster.id) if n.rank == interval.node_rank), None)
-        meta: dict[str, Any] = node.meta if node is not None else {}
+        node = next((n for n in self.store.node_records(cluster.id) if n.rank == interval.node_rank), None)
+        meta: dict[str, Any] = node.extra if node is not None else {}
         rate = float(meta.get("price_spot_catalog") or interval.price_per_hour)
         spot = (rate, True, f"Spot: the catalog's estimate ${rate:g}/h (GCE publishes no Spot price history)")
         disk_type = str(meta.get("disk_type") or "pd-balanced")
@@ -295,3 +294,16 @@ class GCPProvider(GCPInstances, GCPZones, GCPTeardown, IdleWatch):
                                    disk_usd_per_gb_month=PD_USD_PER_GB_MONTH.get(
                                        disk_type, PD_USD_PER_GB_MONTH["pd-balanced"]),
                                    disk_label=disk_type)
+
+    # ---- gc ----
+
+    def gc(self, regions: list[str] | None, live_cluster_ids: set[str], delete: bool,
+           **options: str | None) -> GCResult:
+        """Labelled instances (in zones of ``regions``, default all) and firewall rules of one project (option
+        ``project``, default the environment's) that no live cluster owns."""
+        from gtrain.providers.gcp.gc import sweep
+
+        project = options.get("project")
+        return sweep(self.teardown, self.project(gcp_options({"project": project} if project else {})),
+                     live_cluster_ids, delete,
+                     list(regions) if regions else None, self.report)

@@ -1,6 +1,6 @@
 """Where a gcp cluster can go: the catalog offer of the spec's GPU, the regions that have it, and the zones of a
 region tried in order (``resources.zones`` as given; else those the API says offer the machine type and, for N1,
-the attached GPU; else the built-in :data:`REGION_ZONES`). Mixed into
+the attached GPU; else the built-in :data:`REGION_ZONES`). A part of
 :class:`gtrain.providers.gcp.provider.GCPProvider`."""
 
 from __future__ import annotations
@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 from gtrain.errors import CredentialsError, ProviderError
 from gtrain.providers.gcp import api
-from gtrain.providers.gcp.api import GCPBase, gce
+from gtrain.providers.gcp.api import gce
 
 if TYPE_CHECKING:
     from gtrain.catalog import Offer
+    from gtrain.events import Reporter
     from gtrain.spec import ClusterSpec
 
 __all__ = ["REGION_ZONES", "GCPZones"]
@@ -27,16 +28,20 @@ REGION_ZONES = {
 }
 
 
-class GCPZones(GCPBase):
+class GCPZones:
     """The offer, regions and zones of a spec."""
 
-    def _offer(self, spec: ClusterSpec, region: str | None) -> Offer:
+    def __init__(self, compute: api.Compute, report: Reporter) -> None:
+        self.compute = compute
+        self.report = report
+
+    def offer(self, spec: ClusterSpec, region: str | None) -> Offer:
         from gtrain.catalog import resolve
 
         res = spec.resources
         return resolve("gcp", res.accelerators, res.instance_type, region, res.use_spot)
 
-    def _regions(self, spec: ClusterSpec, offer: Offer) -> list[str]:
+    def regions(self, spec: ClusterSpec, offer: Offer) -> list[str]:
         from gtrain.catalog import offers
 
         regions = spec.resources.region_list()
@@ -50,24 +55,24 @@ class GCPZones(GCPBase):
                 out.append(o.region)
         return out
 
-    def _regional_offer(self, offer: Offer, region: str) -> Offer | None:
+    def regional_offer(self, offer: Offer, region: str) -> Offer | None:
         from gtrain.catalog import lookup
 
         return next((o for o in lookup("gcp", offer.instance_type, region)
                      if o.accelerator_type == offer.accelerator_type and o.gpu_count == offer.gpu_count), None)
 
-    def _zones(self, spec: ClusterSpec, region: str) -> list[str]:
+    def zones(self, spec: ClusterSpec, region: str) -> list[str]:
         zones = spec.resources.zones
         if zones:
             return [z for z in zones if api.region_of_zone(z) == region]
         return REGION_ZONES.get(region, [f"{region}-{x}" for x in "abc"])
 
-    def _offered_zones(self, spec: ClusterSpec, project: str, region: str, offer: Offer) -> list[str]:
+    def offered_zones(self, spec: ClusterSpec, project: str, region: str, offer: Offer) -> list[str]:
         """The zones of ``region`` that offer the machine type (and, for N1, the attached GPU), asked of the
         API (machineTypes / acceleratorTypes aggregatedList), like AWS's instance type offerings; the spec's
         own ``resources.zones`` as given; the built-in table where the lists cannot be read."""
-        table = self._zones(spec, region)
-        if spec.resources.zones or self.clients.machine_types is None:
+        table = self.zones(spec, region)
+        if spec.resources.zones or self.compute.clients.machine_types is None:
             return table
 
         def where(client: Any, kind: str, name: str) -> set[str]:
@@ -81,9 +86,9 @@ class GCPZones(GCPBase):
             return found
 
         try:
-            zones = where(self.clients.machine_types, "machineTypes", offer.instance_type)
-            if _attached(offer) and offer.accelerator_type and self.clients.accelerator_types is not None:
-                zones &= where(self.clients.accelerator_types, "acceleratorTypes", offer.accelerator_type)
+            zones = where(self.compute.clients.machine_types, "machineTypes", offer.instance_type)
+            if _attached(offer) and offer.accelerator_type and self.compute.clients.accelerator_types is not None:
+                zones &= where(self.compute.clients.accelerator_types, "acceleratorTypes", offer.accelerator_type)
         except (CredentialsError, ProviderError) as e:
             self.report.warn(f"{region}: cannot list the zones offering {offer.instance_type} ({e.message}); "
                              f"trying {', '.join(table)}")

@@ -13,7 +13,8 @@ The modules, by concern (each depends only on those above it):
 - :mod:`.hostkeys`: the pinned known_hosts file, fingerprints, the missing-host-key policy;
 - :mod:`.connect`: the connection pool, proxy sockets, connecting with retries -- the one place where
   paramiko's errors become gtrain's;
-- :mod:`.runner`: :class:`SSHRunner`.
+- :mod:`.runner`: :class:`SSHRunner`;
+- :mod:`.node`: :func:`runner_from_node`, the runner of a node recorded in state (every SSH-reached provider).
 """
 
 from __future__ import annotations
@@ -27,21 +28,23 @@ from gtrain.remote.ssh.connect import (
     WINDOW_SIZE,
     ConnectOptions,
     close_all,
+    forget_host,
     pool_stats,
 )
 from gtrain.remote.ssh.hostkeys import (
     HostKeyCallback,
     fingerprint_sha256,
-    forget_host,
     known_hosts_name,
     known_hosts_path,
     parse_key_line,
     pin_host_key,
     pinned_keys,
     ssh_dir,
+    unpin_host,
 )
 from gtrain.remote.ssh.hostkeys import _policy as _policy
 from gtrain.remote.ssh.hostkeys import _Refused as _Refused
+from gtrain.remote.ssh.node import runner_from_node
 from gtrain.remote.ssh.runner import SSHRunner
 from gtrain.remote.ssh.target import SSHTarget, expand_proxy_command, parse_jump, ssh_config_block
 
@@ -67,6 +70,8 @@ __all__ = [
     "pin_host_key",
     "pinned_keys",
     "pool_stats",
+    "runner_from_node",
     "ssh_config_block",
     "ssh_dir",
+    "unpin_host",
 ]

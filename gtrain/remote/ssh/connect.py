@@ -16,7 +16,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gtrain.errors import ConfigError, RemoteError
-from gtrain.remote.ssh.hostkeys import HostKeyCallback, _policy, _Refused, fingerprint_sha256, known_hosts_path
+from gtrain.remote.ssh.hostkeys import (
+    HostKeyCallback,
+    _policy,
+    _Refused,
+    fingerprint_sha256,
+    known_hosts_path,
+    unpin_host,
+)
+from gtrain.remote.ssh.logs import route_paramiko_logs
 from gtrain.remote.ssh.target import SSHTarget, _hostport, expand_proxy_command
 
 if TYPE_CHECKING:
@@ -103,6 +111,14 @@ _POOL = _Pool()
 def close_all() -> None:
     """Close every pooled connection (processes started detached on the nodes keep running)."""
     _POOL.close_all()
+
+
+def forget_host(host: str, port: int = 22) -> int:
+    """Drop every pinned key of ``host:port``; returns how many lines went. Its pooled connection closes."""
+    n = unpin_host(host, port)
+    for key in [k for k in list(_POOL) if k[0] == host and k[1] == port]:
+        _POOL.drop(key)
+    return n
 
 
 def pool_stats() -> dict[str, int]:
@@ -192,6 +208,7 @@ def _open_sock(target: SSHTarget, opts: ConnectOptions, timeout: float) -> Any:
 def _connect(target: SSHTarget, opts: ConnectOptions) -> paramiko.SSHClient:
     import paramiko
 
+    route_paramiko_logs()
     deadline = time.monotonic() + max(0.0, opts.retry_s)
     delay = 0.25
     attempts = 0

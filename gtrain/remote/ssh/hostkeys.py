@@ -114,18 +114,15 @@ def pin_host_key(host: str, port: int, key_line: str) -> None:
         _write_lines(path, lines)
 
 
-def forget_host(host: str, port: int = 22) -> int:
-    """Drop every pinned key of ``host:port``; returns how many lines went. Its pooled connection closes."""
+def unpin_host(host: str, port: int = 22) -> int:
+    """Drop every pinned key of ``host:port``; returns how many lines went. (:func:`.connect.forget_host` also
+    closes the host's pooled connection.)"""
     name = known_hosts_name(host, port)
     with _known_hosts_locked() as path:
         lines = _read_lines(path)
         keep = [ln for ln in lines if name not in _line_hosts(ln)]
         if len(keep) != len(lines):
             _write_lines(path, keep)
-    from gtrain.remote.ssh.connect import _POOL  # here: connect imports this module
-
-    for key in [k for k in list(_POOL) if k[0] == host and k[1] == port]:
-        _POOL.drop(key)
     return len(lines) - len(keep)
 
 

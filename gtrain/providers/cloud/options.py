@@ -1,0 +1,51 @@
+"""What the cloud sections (``aws:``, ``gcp:``) share: who may reach port 22, how gtrain gets there, how long
+it waits, and what a node runs once it has been idle."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+#: powers the node off: on EC2 that terminates it (InstanceInitiatedShutdownBehavior), on GCE it stops it
+IDLE_COMMAND = ("sudo", "-n", "shutdown", "-h", "now")
+
+
+def check_cidr(v: str) -> str:
+    """``ssh_cidr`` validation shared by the provider sections: 'auto' or a network."""
+    if v == "auto":
+        return v
+    try:
+        net = ipaddress.ip_network(v, strict=False)
+    except ValueError:
+        raise ValueError("must be 'auto' or a CIDR such as 203.0.113.7/32") from None
+    return str(net)
+
+
+class CloudOptions(BaseModel):
+    """The fields every cloud section has. Subclasses say what ``%h`` is in their proxy command."""
+
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+    proxy_host: ClassVar[str] = "the instance"
+    proxy_example: ClassVar[str] = "ssh -W %h:22 bastion"
+
+    ssh_cidr: str = Field("auto", description="who may reach port 22: 'auto' = this machine's public /32")
+    ssh_proxy_command: str | None = Field(None, description="OpenSSH ProxyCommand; %h = the instance")
+    wait_ssh: bool = Field(True, description="wait until every node answers over SSH")
+    ssh_timeout_s: float = Field(900, gt=0)
+    poll_s: float = Field(2.0, gt=0, le=60)
+    idle_command: list[str] = Field(default_factory=lambda: list(IDLE_COMMAND), min_length=1,
+                                    description="what a node runs once policies.idle_minutes is up")
+
+    @field_validator("ssh_cidr")
+    @classmethod
+    def _cidr(cls, v: str) -> str:
+        return check_cidr(v)
+
+    @field_validator("ssh_proxy_command")
+    @classmethod
+    def _proxy(cls, v: str | None) -> str | None:
+        if v is not None and "%h" not in v:
+            raise ValueError(f"must contain %h ({cls.proxy_host}), e.g. '{cls.proxy_example}'")
+        return v
