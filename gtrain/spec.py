@@ -21,6 +21,8 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
     StringConstraints,
     ValidationError,
     field_validator,
@@ -244,11 +246,6 @@ def _provider_choices() -> list[str]:
     return sorted({*provider_names(), *PLANNED})
 
 
-# The provider sections travel under this key between the "before" validator and the field; a YAML key with
-# this name is an unknown field like any other.
-SECTIONS_KEY = "(provider sections)"
-
-
 class ClusterSpec(_Model):
     name: str = Field(..., description="the cluster's name: 1-40 of `a-z`, `0-9`, `-`; starts with a letter, "
                       "does not end with `-`; `--name` overrides it")
@@ -258,24 +255,30 @@ class ClusterSpec(_Model):
     resources: Resources = Field(default_factory=lambda: Resources(), description="see [resources](#resources)")
     job: Job | None = Field(None, description="see [job](#job); `up` does without it, `launch` and `run` need it")
     policies: Policies = Field(default_factory=lambda: Policies(), description="see [policies](#policies)")
-    # One mapping per provider name given at the top level (`ssh:`, `aws:`, ...), only the chosen provider's;
-    # its schema belongs to the provider module, which validates it when it plans `up`.
-    sections: dict[str, dict[str, Any]] = Field(default_factory=dict, validation_alias=SECTIONS_KEY, exclude=True)
+    # The top-level mapping named like the chosen provider (`ssh:`, `aws:`, ...); its schema belongs to the
+    # provider module, which validates it when it plans `up`. Read with section(name) or .ssh / .aws / ...
+    _sections: dict[str, dict[str, Any]] = PrivateAttr(default_factory=dict)
 
     # Where the spec came from; relative job.workdir is resolved against it. Not part of the YAML.
     base_dir: str | None = Field(None, exclude=True)
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _collect_sections(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        names = [k for k in data if isinstance(k, str) and k not in cls.model_fields and provider_known(k)]
-        if not names:
-            return data
-        rest = {k: v for k, v in data.items() if k not in names}
-        rest[SECTIONS_KEY] = {k: data[k] for k in names if data[k] is not None}
-        return rest
+    def _provider_sections(cls, data: Any, handler: ModelWrapValidatorHandler[ClusterSpec]) -> ClusterSpec:
+        sections: dict[str, Any] = {}
+        if isinstance(data, dict):
+            names = [k for k in data if isinstance(k, str) and k not in cls.model_fields and provider_known(k)]
+            sections = {k: data[k] for k in names if data[k] is not None}
+            data = {k: v for k, v in data.items() if k not in names}
+        spec = handler(data)
+        for name, section in sections.items():
+            if name != spec.provider:
+                raise ValueError(f"section '{name}:' is given but provider is {spec.provider!r}")
+            if not isinstance(section, dict):
+                raise ValueError(f"section '{name}:' must be a mapping of fields, got {type(section).__name__}")
+        if sections:
+            spec._sections = sections
+        return spec
 
     @field_validator("provider")
     @classmethod
@@ -288,7 +291,7 @@ class ClusterSpec(_Model):
 
     def section(self, name: str) -> dict[str, Any] | None:
         """The spec's section for provider ``name`` (``ssh:``), or None when it has none."""
-        return self.sections.get(name)
+        return self._sections.get(name)
 
     @property
     def ssh(self) -> dict[str, Any] | None:
@@ -316,13 +319,6 @@ class ClusterSpec(_Model):
             )
         return v
 
-    @model_validator(mode="after")
-    def _provider_section(self) -> ClusterSpec:
-        for section in self.sections:
-            if section != self.provider:
-                raise ValueError(f"section '{section}:' is given but provider is {self.provider!r}")
-        return self
-
     def workdir_path(self) -> Path:
         if self.job is None:
             raise ConfigError("the spec has no job section", hint="add job: {run: train.py}", field="job")
@@ -333,7 +329,7 @@ class ClusterSpec(_Model):
 
     def to_yaml_dict(self) -> dict[str, Any]:
         out = self.model_dump(mode="json", exclude_none=True, exclude={"base_dir"})
-        out.update(to_jsonable_python(self.sections))
+        out.update(to_jsonable_python(self._sections))
         return out
 
 
@@ -342,10 +338,10 @@ class ClusterSpec(_Model):
 
 
 def dotted_path(parts: Iterable[Any]) -> str:
-    """``("job", "data", 0, "src")`` -> ``job.data[0].src`` (None and the sections key are skipped)."""
+    """``("job", "data", 0, "src")`` -> ``job.data[0].src`` (None is skipped)."""
     out = ""
     for part in parts:
-        if part is None or part == SECTIONS_KEY:
+        if part is None:
             continue
         out += f"[{part}]" if isinstance(part, int) else ("." if out else "") + str(part)
     return out
@@ -368,7 +364,7 @@ def _known_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
         cands = [a for a in (ann, *args) if isinstance(a, type) and issubclass(a, BaseModel)]
         cur = cands[0] if cands else None
     if cur is ClusterSpec:
-        return [k for k in cur.model_fields if k not in ("base_dir", "sections")] + _provider_choices()
+        return [k for k in cur.model_fields if k != "base_dir"] + _provider_choices()
     if isinstance(cur, type) and issubclass(cur, BaseModel):
         return [k for k in cur.model_fields if k != "base_dir"]
     return []
