@@ -146,7 +146,7 @@ class Job(_Model):
     env: dict[Text, Text] = Field(default_factory=dict, description="environment of setup and every rank; "
                                   "names `^[A-Za-z_][A-Za-z0-9_]*$`, not reserved; values kept as written")
     secrets: list[str] = Field(default_factory=list, description="names of local environment variables sent "
-                               "to every rank; not reserved, not a `HOST_ENV` name, not in `env`")
+                               "to every rank; not reserved, not one of this machine such as `PATH`, not in `env`")
     checkpoint_dir: str = Field("checkpoints", description="relative to the workdir, no `..`; exported as "
                                 "`GTRAIN_CHECKPOINT_DIR`")
     data: list[DataEntry] = Field(default_factory=list, description="datasets each node downloads at launch; "
