@@ -22,6 +22,8 @@ so neither ``--json`` output, a traceback nor a stored error can show one.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 def scrub(text: str) -> str:
     """:func:`gtrain.redact.scrub`; the identity where that module is absent (the node-side sync bundle ships
@@ -116,3 +118,13 @@ class RemoteCommandError(RemoteError):
 
 class SyncError(GtrainError):
     pass
+
+
+def dotted_path(parts: Iterable[object]) -> str:
+    """``("job", "data", 0, "src")`` -> ``job.data[0].src`` (None is skipped)."""
+    out = ""
+    for part in parts:
+        if part is None:
+            continue
+        out += f"[{part}]" if isinstance(part, int) else ("." if out else "") + str(part)
+    return out

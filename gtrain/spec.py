@@ -10,13 +10,26 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import reprlib
 import shlex
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError, to_jsonable_python
 
-from gtrain.errors import ConfigError
+from gtrain.errors import ConfigError, dotted_path
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$|^[a-z]$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -26,23 +39,50 @@ RESERVED_ENV = {
     "GTRAIN_NODE_RANK", "GTRAIN_NUM_NODES", "GTRAIN_NODE_IPS", "GTRAIN_MASTER_ADDR", "GTRAIN_MASTER_PORT",
     "GTRAIN_JOB_ID", "GTRAIN_CHECKPOINT_DIR", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
 }
-PROVIDERS = ("local", "ssh", "aws", "gcp", "slurm")
+# Names whose value on this machine is wrong on a node: a secret (sent from the local environment) may not be one.
+HOST_ENV = {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "PWD", "LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONPATH",
+            "PYTHONHOME", "VIRTUAL_ENV"}
 MAX_NODES = 512
+MAX_HOURS = 8760.0  # a year
+MAX_IDLE_MINUTES = 525600.0  # a year
+MAX_COST_USD = 1e7
+
+
+
+def _not_bool(v: Any) -> Any:
+    if isinstance(v, bool):
+        raise PydanticCustomError("bool_not_number", "is a boolean, not a number")
+    return v
+
+
+# YAML's `true` is not the number 1 (pydantic would take it as one).
+Int = Annotated[int, BeforeValidator(_not_bool)]
+Float = Annotated[float, BeforeValidator(_not_bool)]
+# job.env names and values are kept as written (the model strips every other string).
+Text = Annotated[str, StringConstraints(strip_whitespace=False)]
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, validate_assignment=True)
 
 
+def _reserved_name(k: str) -> str | None:
+    if k in RESERVED_ENV or k.startswith("GTRAIN_"):
+        return f"{k!r} is set by gtrain/torchrun on every rank (GTRAIN_* is reserved); pick another name"
+    return None
+
+
 class Resources(_Model):
-    accelerators: str | None = Field(None, description="GPU model and count per node, e.g. A100:8")
-    instance_type: str | None = None
-    use_spot: bool = False
-    region: str | None = None
-    regions: list[str] | None = None
-    zones: list[str] | None = None
-    disk_gb: int = Field(100, ge=10, le=65536)
-    image_id: str | None = None
+    accelerators: str | None = Field(
+        None, description="GPU model and count per node, `GPU:COUNT` (`A100:8`, `H100`); COUNT 1..16, default 1; "
+        "a name in lower case is upper-cased")
+    instance_type: str | None = Field(None, description="the provider's machine type (aws, gcp)")
+    use_spot: bool = Field(False, description="spot / preemptible capacity (aws, gcp; local refuses it)")
+    region: str | None = Field(None, description="one region")
+    regions: list[str] | None = Field(None, description="regions to try, in order; used instead of `region`")
+    zones: list[str] | None = Field(None, description="zones to try")
+    disk_gb: Int = Field(100, ge=10, le=65536, description="boot disk size per node, GB")
+    image_id: str | None = Field(None, description="machine image (AMI / GCE image)")
 
     @field_validator("accelerators")
     @classmethod
@@ -74,9 +114,9 @@ class Resources(_Model):
 class DataEntry(_Model):
     """A dataset the nodes download at launch, with their own credentials (an instance role on a cloud)."""
 
-    src: str = Field(..., description="s3://bucket/prefix or gs://bucket/prefix")
-    dst: str = Field(..., description="folder inside the workdir")
-    delete: bool = Field(False, description="mirror: remove files under dst that src lacks")
+    src: str = Field(..., description="`s3://bucket[/prefix]` or `gs://bucket[/prefix]`")
+    dst: str = Field(..., description="folder inside the workdir: relative, no `..`")
+    delete: bool = Field(False, description="mirror: remove files under `dst` that `src` lacks")
 
     @field_validator("src")
     @classmethod
@@ -95,30 +135,33 @@ class DataEntry(_Model):
 
 
 class Job(_Model):
-    workdir: str = "."
-    setup: str | None = None
-    run: str = Field(..., min_length=1, description="python script and its arguments, started by torchrun")
-    nproc_per_node: int | None = Field(None, ge=1, le=64)
-    env: dict[str, str] = Field(default_factory=dict)
-    secrets: list[str] = Field(default_factory=list, description="names of local env vars passed to every rank")
-    checkpoint_dir: str = "checkpoints"
-    data: list[DataEntry] = Field(default_factory=list, description="datasets each node downloads at launch")
-    max_restarts: int = Field(0, ge=0, le=100)
+    workdir: str = Field(".", description="local folder copied to every node; `~` is expanded; relative to "
+                         "the spec file's folder")
+    setup: str | None = Field(None, description="bash script run on every node before the job starts")
+    run: str = Field(..., min_length=1, description="script and its arguments, relative to the workdir, started "
+                     "by torchrun; must split like a shell command line")
+    nproc_per_node: Int | None = Field(None, ge=1, le=64, description="ranks per node; default: the GPU count "
+                                       "of `resources.accelerators`, else 1")
+    env: dict[Text, Text] = Field(default_factory=dict, description="environment of setup and every rank; "
+                                  "names `^[A-Za-z_][A-Za-z0-9_]*$`, not reserved; values kept as written")
+    secrets: list[str] = Field(default_factory=list, description="names of local environment variables sent "
+                               "to every rank; not reserved, not one of this machine such as `PATH`, not in `env`")
+    checkpoint_dir: str = Field("checkpoints", description="relative to the workdir, no `..`; exported as "
+                                "`GTRAIN_CHECKPOINT_DIR`")
+    data: list[DataEntry] = Field(default_factory=list, description="datasets each node downloads at launch; "
+                                  "see [job.data](#jobdata)")
+    max_restarts: Int = Field(0, ge=0, le=100, description="torchrun's `--max_restarts`")
     python: str | None = Field(None, description="interpreter on the nodes (default: python3; local: this one)")
 
     @field_validator("env", mode="before")
     @classmethod
     def _env_values(cls, v: Any) -> Any:
-        if not isinstance(v, dict):
-            return v
-        out: dict[Any, Any] = {}
-        for k, val in v.items():
-            if isinstance(val, bool):
-                val = "true" if val else "false"
-            elif isinstance(val, int | float):
-                val = str(val)
-            out[k] = val
-        return out
+        if isinstance(v, dict):
+            for k, val in v.items():
+                if not isinstance(val, str):
+                    raise ValueError(f"{k}: {_short(val)} is not text; quote it ({k}: '...'): a value is "
+                                     "passed as written, never converted")
+        return v
 
     @field_validator("env")
     @classmethod
@@ -126,9 +169,8 @@ class Job(_Model):
         for k, val in v.items():
             if not ENV_NAME_RE.match(k):
                 raise ValueError(f"{k!r} is not a valid environment variable name (letters, digits, _)")
-            if k in RESERVED_ENV or k.startswith("GTRAIN_"):
-                raise ValueError(f"{k!r} is set by gtrain/torchrun on every rank (GTRAIN_* is reserved); "
-                                 "pick another name")
+            if why := _reserved_name(k):
+                raise ValueError(why)
             if "\x00" in val:
                 raise ValueError(f"value of {k!r} holds a NUL byte")
         return v
@@ -139,7 +181,19 @@ class Job(_Model):
         for k in v:
             if not ENV_NAME_RE.match(k):
                 raise ValueError(f"{k!r} is not a valid environment variable name")
+            if why := _reserved_name(k):
+                raise ValueError(why)
+            if k in HOST_ENV:
+                raise ValueError(f"{k!r} would send this machine's {k} to the nodes; set it in job.env instead")
+        if len(set(v)) != len(v):
+            raise ValueError(f"{sorted({k for k in v if v.count(k) > 1})} given more than once")
         return v
+
+    @model_validator(mode="after")
+    def _secret_not_env(self) -> Job:
+        if both := sorted(set(self.secrets) & set(self.env)):
+            raise ValueError(f"job.secrets and job.env both set {both}: keep one")
+        return self
 
     @field_validator("checkpoint_dir")
     @classmethod
@@ -170,26 +224,89 @@ class Job(_Model):
 
 
 class Policies(_Model):
-    idle_minutes: float | None = Field(None, gt=0)
-    max_hours: float | None = Field(None, gt=0)
-    max_cost_usd: float | None = Field(None, gt=0)
+    idle_minutes: Float | None = Field(None, gt=0, le=MAX_IDLE_MINUTES, allow_inf_nan=False,
+                                       description="stop a node idle this long (aws, gcp)")
+    max_hours: Float | None = Field(None, gt=0, le=MAX_HOURS, allow_inf_nan=False,
+                                    description="each node deletes itself after this long (aws, gcp)")
+    max_cost_usd: Float | None = Field(None, gt=0, le=MAX_COST_USD, allow_inf_nan=False,
+                                       description="cost cap, spread over the nodes' lifetime (aws, gcp)")
+
+
+def provider_known(name: str) -> bool:
+    """A name a spec may give as ``provider:`` (and as a section): registered, or planned (refused at `up`)."""
+    from gtrain.providers.registry import PLANNED, REGISTRY, provider_names
+
+    return name in REGISTRY or name in PLANNED or name in provider_names()
+
+
+def _provider_choices() -> list[str]:
+    from gtrain.providers.registry import PLANNED, provider_names
+
+    return sorted({*provider_names(), *PLANNED})
 
 
 class ClusterSpec(_Model):
-    name: str
-    provider: Literal["local", "ssh", "aws", "gcp", "slurm"] = "local"
-    num_nodes: int = Field(1, ge=1, le=MAX_NODES)
-    resources: Resources = Field(default_factory=lambda: Resources())
-    job: Job | None = None
-    policies: Policies = Field(default_factory=lambda: Policies())
-    # Provider-specific sections are kept as validated-later mappings so a provider module owns its schema.
-    ssh: dict[str, Any] | None = None
-    aws: dict[str, Any] | None = None
-    gcp: dict[str, Any] | None = None
-    slurm: dict[str, Any] | None = None
+    name: str = Field(..., description="the cluster's name: 1-40 of `a-z`, `0-9`, `-`; starts with a letter, "
+                      "does not end with `-`; `--name` overrides it")
+    provider: str = Field("local", description="a registered provider (`local`, `ssh`, `aws`, `gcp`, or one "
+                          "from a plug-in); `slurm` parses and is refused by `up`")
+    num_nodes: Int = Field(1, ge=1, le=MAX_NODES, description="nodes of the cluster (local: at most 16)")
+    resources: Resources = Field(default_factory=lambda: Resources(), description="see [resources](#resources)")
+    job: Job | None = Field(None, description="see [job](#job); `up` does without it, `launch` and `run` need it")
+    policies: Policies = Field(default_factory=lambda: Policies(), description="see [policies](#policies)")
+    # The top-level mapping named like the chosen provider (`ssh:`, `aws:`, ...); its schema belongs to the
+    # provider module, which validates it when it plans `up`. Read with section(name) or .ssh / .aws / ...
+    _sections: dict[str, dict[str, Any]] = PrivateAttr(default_factory=dict)
 
     # Where the spec came from; relative job.workdir is resolved against it. Not part of the YAML.
     base_dir: str | None = Field(None, exclude=True)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _provider_sections(cls, data: Any, handler: ModelWrapValidatorHandler[ClusterSpec]) -> ClusterSpec:
+        sections: dict[str, Any] = {}
+        if isinstance(data, dict):
+            names = [k for k in data if isinstance(k, str) and k not in cls.model_fields and provider_known(k)]
+            sections = {k: data[k] for k in names if data[k] is not None}
+            data = {k: v for k, v in data.items() if k not in names}
+        spec = handler(data)
+        for name, section in sections.items():
+            if name != spec.provider:
+                raise ValueError(f"section '{name}:' is given but provider is {spec.provider!r}")
+            if not isinstance(section, dict):
+                raise ValueError(f"section '{name}:' must be a mapping of fields, got {type(section).__name__}")
+        if sections:
+            spec._sections = sections
+        return spec
+
+    @field_validator("provider")
+    @classmethod
+    def _provider(cls, v: str) -> str:
+        if not provider_known(v):
+            choices = _provider_choices()
+            expected = ", ".join(repr(c) for c in choices[:-1]) + f" or {choices[-1]!r}"
+            raise PydanticCustomError("literal_error", "not a provider", {"expected": expected})
+        return v
+
+    def section(self, name: str) -> dict[str, Any] | None:
+        """The spec's section for provider ``name`` (``ssh:``), or None when it has none."""
+        return self._sections.get(name)
+
+    @property
+    def ssh(self) -> dict[str, Any] | None:
+        return self.section("ssh")
+
+    @property
+    def aws(self) -> dict[str, Any] | None:
+        return self.section("aws")
+
+    @property
+    def gcp(self) -> dict[str, Any] | None:
+        return self.section("gcp")
+
+    @property
+    def slurm(self) -> dict[str, Any] | None:
+        return self.section("slurm")
 
     @field_validator("name")
     @classmethod
@@ -201,13 +318,6 @@ class ClusterSpec(_Model):
             )
         return v
 
-    @model_validator(mode="after")
-    def _provider_section(self) -> ClusterSpec:
-        for section in ("ssh", "aws", "gcp", "slurm"):
-            if getattr(self, section) is not None and section != self.provider:
-                raise ValueError(f"section '{section}:' is given but provider is {self.provider!r}")
-        return self
-
     def workdir_path(self) -> Path:
         if self.job is None:
             raise ConfigError("the spec has no job section", hint="add job: {run: train.py}", field="job")
@@ -217,7 +327,9 @@ class ClusterSpec(_Model):
         return p.resolve()
 
     def to_yaml_dict(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", exclude_none=True, exclude={"base_dir"})
+        out = self.model_dump(mode="json", exclude_none=True, exclude={"base_dir"})
+        out.update(to_jsonable_python(self._sections))
+        return out
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -225,13 +337,7 @@ class ClusterSpec(_Model):
 
 
 def _loc(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out or "spec"
+    return dotted_path(loc) or "spec"
 
 
 def _known_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
@@ -246,13 +352,20 @@ def _known_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
         args = getattr(ann, "__args__", ())
         cands = [a for a in (ann, *args) if isinstance(a, type) and issubclass(a, BaseModel)]
         cur = cands[0] if cands else None
+    if cur is ClusterSpec:
+        return [k for k in cur.model_fields if k != "base_dir"] + _provider_choices()
     if isinstance(cur, type) and issubclass(cur, BaseModel):
         return [k for k in cur.model_fields if k != "base_dir"]
     return []
 
 
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxdict, _REPR.maxlist, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, 6, 6, 60, 60, 40
+
+
 def _short(v: Any) -> str:
-    s = repr(v)
+    """A repr of at most 60 characters that never walks more than a few items of a big value."""
+    s = _REPR.repr(v)
     return s if len(s) <= 60 else s[:57] + "..."
 
 
@@ -280,7 +393,9 @@ def translate_validation_error(err: ValidationError, model: type[BaseModel] = Cl
             msg = e["msg"]
             if msg.startswith("Value error, "):
                 msg = msg[len("Value error, "):]
-            lines.append(f"{path}: {_short(e.get('input'))} — {msg}")
+            value = e.get("input")
+            # a rule over a whole mapping (a provider section, secrets vs env) names no single value
+            lines.append(f"{path}: {msg}" if isinstance(value, dict) else f"{path}: {_short(value)} — {msg}")
     return ConfigError("invalid spec: " + "; ".join(lines), hint=hint, field=first_field)
 
 
@@ -301,24 +416,23 @@ def parse_spec(data: Any, *, base_dir: str | None = None, source: str = "spec") 
 
 def load_spec(path: str | os.PathLike[str], *, name: str | None = None) -> ClusterSpec:
     """Read and validate a YAML spec file. ``name`` overrides ``name:`` (``--name``)."""
-    import yaml
+    from gtrain import specyaml
 
     p = Path(path)
+    if p.is_dir():
+        inside = next((str(p / n) for n in ("spec.yaml", "spec.yml") if (p / n).is_file()), None)
+        raise ConfigError(f"spec file {str(p)!r} is a directory, not a spec file",
+                          hint=f"did you mean {inside}?" if inside else "pass the path to a YAML spec file",
+                          field="SPEC")
     if not p.is_file():
         raise ConfigError(f"spec file {str(p)!r} does not exist", hint="pass the path to a YAML spec", field="SPEC")
     try:
-        text = p.read_text(encoding="utf-8")
+        with p.open("rb") as f:
+            raw = f.read(specyaml.MAX_BYTES + 1)
+        text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"cannot read spec file {str(p)!r}: {e}", field="SPEC") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(
-            f"{p}: malformed YAML{where}: {problem}", hint="check indentation and quoting", field="SPEC"
-        ) from None
+    data = specyaml.load(text, str(p))
     if name is not None and isinstance(data, dict):
         data = {**data, "name": name}
     return parse_spec(data, base_dir=str(p.parent.resolve()), source=str(p))

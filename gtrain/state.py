@@ -210,6 +210,13 @@ class StateStore:
     def conn(self) -> sqlite3.Connection:
         if self._conn is None:
             try:
+                self.home.mkdir(parents=True, exist_ok=True, mode=0o700)
+            except (FileExistsError, NotADirectoryError):  # the home, or a folder above it, is a file
+                why = "it is a file" if self.home.exists() else "a path above it is a file"
+                raise ConfigError(f"GTRAIN_HOME {str(self.home)!r} is not a directory: {why}",
+                                  hint="point GTRAIN_HOME at a folder (gtrain creates it)",
+                                  field="GTRAIN_HOME") from None
+            try:
                 redact.secure_home(self.home, self.path)
                 conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
                 conn.row_factory = sqlite3.Row

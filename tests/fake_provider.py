@@ -114,6 +114,7 @@ def installed(cloud_dir: Path) -> Iterator[Path]:
     import importlib
 
     import gtrain.providers as reg
+    from gtrain.providers import registry
 
     site = Path(tempfile.mkdtemp(prefix="gtrain-fake-plugin-"))
     dist = site / "gtrain_fake_provider-0.1.dist-info"
@@ -127,7 +128,7 @@ def installed(cloud_dir: Path) -> Iterator[Path]:
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), repo, saved["PYTHONPATH"]) if p)
     os.environ["GTRAIN_FAKE_CLOUD"] = str(cloud_dir)
     importlib.invalidate_caches()
-    reg._entry_points.cache_clear()
+    registry._entry_points.cache_clear()
     reg.provider_class.cache_clear()
     try:
         yield site
@@ -138,6 +139,6 @@ def installed(cloud_dir: Path) -> Iterator[Path]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        reg._entry_points.cache_clear()
+        registry._entry_points.cache_clear()
         reg.provider_class.cache_clear()
         shutil.rmtree(site, ignore_errors=True)

@@ -11,38 +11,29 @@ class, never a provider's name.
 from __future__ import annotations
 
 import importlib
-from functools import cache, lru_cache
+from functools import cache
 from typing import TYPE_CHECKING
 
 from gtrain.errors import ConfigError
+from gtrain.providers.registry import (
+    _ADDED,
+    ENTRY_POINT_GROUP,
+    PLANNED,
+    REGISTRY,
+    _target,
+    provider_names,
+)
+from gtrain.providers.registry import (
+    _entry_points as _entry_points,
+)
+
+__all__ = ["ENTRY_POINT_GROUP", "PLANNED", "REGISTRY", "get_provider", "provider_class", "provider_names",
+           "register", "unregister"]
 
 if TYPE_CHECKING:
     from gtrain.events import Reporter
     from gtrain.providers.base import Provider
     from gtrain.state import StateStore
-
-ENTRY_POINT_GROUP = "gtrain.providers"
-
-#: the providers shipped with gtrain
-REGISTRY: dict[str, str] = {
-    "local": "gtrain.providers.local:LocalProvider",
-    "aws": "gtrain.providers.aws:AWSProvider",
-    "gcp": "gtrain.providers.gcp:GCPProvider",
-    "ssh": "gtrain.providers.ssh:SSHProvider",
-}
-
-#: names a spec may give that no registered provider serves yet, with what to say
-PLANNED: dict[str, str] = {"slurm": "not available in this version of gtrain"}
-
-_ADDED: dict[str, str] = {}
-
-
-@lru_cache(maxsize=1)
-def _entry_points() -> dict[str, str]:
-    from importlib.metadata import entry_points
-
-    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
-
 
 def register(name: str, target: str) -> None:
     """Add a provider at run time (``"module:Class"``); a plug-in package would use the entry point instead."""
@@ -53,15 +44,6 @@ def register(name: str, target: str) -> None:
 def unregister(name: str) -> None:
     _ADDED.pop(name, None)
     provider_class.cache_clear()
-
-
-def _target(name: str) -> str | None:
-    return _ADDED.get(name) or REGISTRY.get(name) or _entry_points().get(name)
-
-
-def provider_names() -> list[str]:
-    """Every provider a spec may name: built in, registered at run time, or from an entry point."""
-    return sorted({*REGISTRY, *_ADDED, *_entry_points()})
 
 
 @cache

@@ -1,0 +1,33 @@
+"""docs/spec.md's field tables are generated from the models: the page may not drift from gtrain/spec.py."""
+
+from __future__ import annotations
+
+from gtrain import specdoc
+from gtrain.spec import ClusterSpec, Job
+
+
+def test_docs_spec_md_is_up_to_date_with_the_models() -> None:
+    text = specdoc.DOC.read_text(encoding="utf-8")
+    assert specdoc.render(text) == text, "docs/spec.md is out of date: run python -m gtrain.specdoc"
+    assert specdoc.main(["--check"]) == 0
+
+
+def test_every_field_of_every_model_is_in_the_page() -> None:
+    text = specdoc.DOC.read_text(encoding="utf-8")
+    for model in specdoc.TABLES.values():
+        for name in model.model_fields:
+            if name != "base_dir":
+                assert f"| `{name}` |" in text, f"{model.__name__}.{name} missing from docs/spec.md"
+    assert "### job.data" in text and "| `src` |" in text and "| `data` | list of mappings |" in text
+
+
+def test_a_changed_model_makes_the_check_fail() -> None:
+    text = specdoc.DOC.read_text(encoding="utf-8")
+    f = Job.model_fields["max_restarts"]
+    old = f.description
+    f.description = "something else"
+    try:
+        assert specdoc.render(text) != text
+    finally:
+        f.description = old
+    assert "provider (only that one)" in specdoc.table(ClusterSpec)
