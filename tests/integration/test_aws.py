@@ -433,7 +433,7 @@ def test_cost_report_minimum_spot_fallback_and_ebs() -> None:
     iv = CostInterval(0, c.id, 0, "g5.xlarge", "on-demand", 1.006, 1000.0, 1000.0 + 7200.5, None, False, None)
     priced = provider.price(c, iv)
     assert priced.cost_usd == pytest.approx(7201 * 1.006 / 3600 + 200 * 0.08 / 730 * 7201 / 3600, abs=1e-6)
-    assert not priced.estimate
+    assert priced.estimate and "catalog" in (priced.note or "")  # a catalog list price, not the bill
 
 
 def test_catalog_price_matches() -> None:

@@ -312,7 +312,7 @@ def test_cost_minimum_spot_estimate_and_disk() -> None:
     iv = CostInterval(0, c.id, 0, "n1-standard-4", "on-demand", 0.54, 1000.0, 1000.0 + 7200.5, None, False, None)
     priced = provider.price(c, iv)
     assert priced.cost_usd == pytest.approx(7201 * 0.54 / 3600 + 200 * 0.10 / 730 * 7201 / 3600, abs=1e-6)
-    assert not priced.estimate
+    assert priced.estimate and "catalog" in (priced.note or "")  # a catalog list price, not the bill
 
 
 def test_catalog_prices_and_side_by_side(gtrain_home: Path) -> None:

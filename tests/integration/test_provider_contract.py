@@ -21,12 +21,12 @@ import pytest
 
 import gtrain
 from gtrain.errors import ClusterNotFound
-from gtrain.providers import REGISTRY, get_provider
+from gtrain.providers import get_provider, provider_class
 from gtrain.providers.base import Plan, Provider
 from gtrain.spec import ClusterSpec, parse_spec
 from gtrain.state import Cluster, StateStore
 
-PROVIDERS = ["local", "ssh", "aws", "gcp"]
+PROVIDERS = ["local", "ssh", "aws", "gcp", "fake"]  # fake: tests/fake_provider.py, plugged in from outside
 AWS_REGION = "us-east-1"
 GCP_REGION = "us-central1"
 SSH_CIDR = "198.51.100.7/32"  # a documentation address: the clouds' fakes never see a rule open to the world
@@ -156,10 +156,30 @@ def gcp_harness(fake: Any) -> Harness:
     return Harness("gcp", spec, leftovers, inventory)
 
 
+def fake_harness(cloud: Path) -> Harness:
+    from tests import fake_provider
+
+    def spec(name: str, n: int) -> ClusterSpec:
+        return parse_spec({"name": name, "provider": "fake", "num_nodes": n})
+
+    def leftovers(name: str) -> list[str]:
+        return sorted(str(d) for d, t in fake_provider.tagged() if t["name"] == name)
+
+    def inventory() -> set[str]:
+        return {str(p) for p in cloud.rglob("*")}
+
+    return Harness("fake", spec, leftovers, inventory)
+
+
 @pytest.fixture(params=PROVIDERS)
-def harness(request: pytest.FixtureRequest, gtrain_home: Path) -> Iterator[Harness]:
+def harness(request: pytest.FixtureRequest, gtrain_home: Path, tmp_path: Path) -> Iterator[Harness]:
     name = request.param
-    if name == "local":
+    if name == "fake":
+        from tests.fake_provider import installed
+
+        with installed(tmp_path / "fake-cloud"):
+            yield fake_harness(tmp_path / "fake-cloud")
+    elif name == "local":
         yield local_harness(gtrain_home)
     elif name == "ssh":
         from gtrain.remote import ssh as sshmod
@@ -304,7 +324,7 @@ def test_provider_class_implements_the_abc(harness: Harness) -> None:
         store.close()
     cls = type(p)
     assert isinstance(p, Provider) and cls.name == harness.provider
-    assert REGISTRY[harness.provider].endswith(f":{cls.__name__}")
+    assert provider_class(harness.provider) is cls
     assert not getattr(cls, "__abstractmethods__", frozenset())
     for m in sorted(abstract):
         impl = getattr(cls, m)

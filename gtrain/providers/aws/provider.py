@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from gtrain.catalog import snapshot_date
 from gtrain.errors import CapacityError, ConfigError, GtrainError, QuotaError
 from gtrain.events import SILENT, Reporter
 from gtrain.providers.aws import api
@@ -105,6 +106,8 @@ class AWSProvider(CloudProvider):
         if res.use_spot:
             notes.append(f"spot $/h is the catalog's estimate (on-demand {price_offer.price_ondemand:g} $/h); the "
                          "cost report reads the spot price history over each node's running time")
+        notes.append(f"prices from the gtrain catalog, snapshot {snapshot_date('aws')} "
+                     "(`gtrain catalog --refresh` updates them)")
         notes.append(f"plus EBS gp3 {res.disk_gb} GB per node at ${ebs_rate(regions[0]):g}/GB-month")
         if len(regions) > 1:
             notes.append(f"on no capacity: next zone, then {', '.join(regions[1:])}")

@@ -39,8 +39,9 @@ def cloud_interval_cost(interval: CostInterval, *, minimum_s: float, spot: tuple
         rate, estimate, note = spot
         notes = [note]
     else:
-        rate, estimate = interval.price_per_hour, False
-        notes = [f"on-demand ${rate:g}/h stored at start"]
+        # the $/h stored at start is the gtrain catalog's list price: an estimate of what the cloud bills
+        rate, estimate = interval.price_per_hour, True
+        notes = [f"on-demand ${rate:g}/h from the gtrain catalog, stored at start (an estimate)"]
     disk = disk_cost(disk_gb, disk_usd_per_gb_month, billed)
     if seconds and seconds < minimum_s:
         notes.append(f"billed the {minimum_s:.0f} s minimum")

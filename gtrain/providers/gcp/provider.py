@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from gtrain.catalog import snapshot_date
 from gtrain.errors import CapacityError, ConfigError, GtrainError, ProviderError, QuotaError
 from gtrain.events import SILENT, Reporter
 from gtrain.providers.base import GCResult, IntervalCost, NodeStatus, Plan
@@ -101,6 +102,8 @@ class GCPProvider(CloudProvider):
         if res.use_spot:
             notes.append(f"Spot $/h is the catalog's estimate (on-demand {first.price_ondemand:g} $/h); GCE may "
                          "delete Spot VMs at any time")
+        notes.append(f"prices from the gtrain catalog, snapshot {snapshot_date('gcp')} "
+                     "(`gtrain catalog --refresh` updates them)")
         notes.append(f"plus {opts.disk_type} {res.disk_gb} GB per node at ${PD_USD_PER_GB_MONTH[opts.disk_type]:g}"
                      "/GB-month; billed per second, 1 minute minimum")
         if len(regions) > 1:
