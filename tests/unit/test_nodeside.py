@@ -91,7 +91,9 @@ def test_idle_watch_waits_for_jobs_to_end_then_runs_its_command_once(tmp_path: P
     from gtrain.remote import nodeside
 
     marker, pidfile = tmp_path / "powered-off", tmp_path / "watch.pid"
-    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(4)"],
+    release = tmp_path / "release"  # the job runs until the test lets it end: no race with a loaded machine
+    job = subprocess.Popen([sys.executable, "-c", "import os, sys, time\n"
+                            "while not os.path.exists(sys.argv[1]): time.sleep(0.05)", str(release)],
                            env={**os.environ, "GTRAIN_JOB_ID": "idle-test"})
     watch = subprocess.Popen([sys.executable, nodeside.__file__, "idle_watch", "2", "0.2", str(pidfile),
                               "touch", str(marker)], stdout=subprocess.PIPE, text=True)
@@ -105,6 +107,7 @@ def test_idle_watch_waits_for_jobs_to_end_then_runs_its_command_once(tmp_path: P
         assert second.returncode == 0 and not (tmp_path / "second").exists()  # one watcher per node
         time.sleep(3)
         assert job.poll() is None and not marker.exists()  # 3 s in: the job still runs, the node is busy
+        release.touch()
         job.wait(timeout=10)
         assert watch.wait(timeout=15) == 0  # then 2 s idle: the command ran, the watcher is done
         assert marker.exists()
