@@ -11,7 +11,6 @@ the job's files); Slurm's state decides, the nodes' files give rank detail. See 
 from __future__ import annotations
 
 import json
-import re
 import secrets as _secrets
 import shlex
 import time
@@ -219,7 +218,8 @@ class SlurmBackend(JobBackend):
         return JobDescription(job.id, state, code, picked, reason)
 
     def _node(self, k: int, word: str | None, raw: dict[str, Any]) -> NodeJobStatus:
-        st = raw.get("state") if isinstance(raw.get("state"), dict) else {}
+        got = raw.get("state")
+        st: dict[str, Any] = got if isinstance(got, dict) else {}
         own = str(st.get("state")) if st.get("state") else None
         ranks = [RankStatus(int(r), JobState.SUCCEEDED if int(v[0]) == 0 else JobState.FAILED, int(v[0]), float(v[1]))
                  for r, v in sorted((raw.get("ranks") or {}).items(), key=lambda kv: int(kv[0]))]
@@ -281,11 +281,8 @@ class SlurmBackend(JobBackend):
                 if follow:
                     desc = self.describe(job, [node])
                     n = desc.nodes[0] if desc.nodes else None
-                    yield NodeEnded(node, n.state if n else desc.state, n.detail if n else desc.reason)
+                    why = desc.reason if word in STATE_REASON and word != "CANCELLED" else None
+                    yield NodeEnded(node, n.state if n else desc.state, n.detail if n else desc.reason,
+                                    why if node == 0 else None)
                 return
             time.sleep(0.25)
-
-
-def first_rank_line(text: str) -> bool:
-    """A rank's own output line (not gtrain's ``[gtrain]`` lines): used by the bench."""
-    return not re.match(r"^\[gtrain\]", text)

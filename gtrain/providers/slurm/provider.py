@@ -263,7 +263,8 @@ class SlurmProvider(Provider):
     def runners(self, cluster: Cluster) -> list[Runner]:
         """One runner per node slot, each on the login side (the nodes share ``shared_dir``): pull, exec."""
         info = self._login(cluster)
-        return [self._runner_for(info, info["root"], f"node {n.rank} (login side)") for n in self.store.nodes(cluster.id)]
+        return [self._runner_for(info, info["root"], f"node {n.rank} (login side)")
+                for n in self.store.nodes(cluster.id)]
 
     def node_records(self, cluster: Cluster) -> list[NodeRecord]:
         return self.store.node_records(cluster.id)

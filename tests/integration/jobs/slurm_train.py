@@ -22,7 +22,11 @@ if os.path.exists(ckpt):
     with open(ckpt) as f:
         start = json.load(f)["step"]
 print(f"slurm rank {rank}/{world} node {os.environ['GTRAIN_NODE_RANK']} resumes at step {start}", flush=True)
+warned = False
 for step in range(start, args.steps):
+    if not warned and os.path.exists(os.environ.get("GTRAIN_PREEMPT_FILE", "/nonexistent")):
+        warned = True
+        print(f"slurm rank {rank} saw GTRAIN_PREEMPT_FILE: checkpointing before the time limit", flush=True)
     t = torch.ones(1) * (rank + 1)
     dist.all_reduce(t)
     if rank == 0:
