@@ -73,7 +73,7 @@ def test_run_two_nodes_four_ranks_logs_and_checkpoint(slurm_cluster: Any, tmp_pa
 
 def test_failing_rank_exit_code_is_the_jobs(slurm_cluster: Any, tmp_path: Path) -> None:
     spec = slurm_spec(slurm_cluster, tmp_path, "sl-fail", "slurm_train.py --steps 1 --exit-code 7")
-    res = cli("run", write(tmp_path, spec))
+    res = cli("run", write(tmp_path, spec), "--to", str(tmp_path / "pulled"))
     assert res.returncode == 7, res.stdout + res.stderr
 
 
@@ -106,7 +106,7 @@ def test_time_limit_signal_then_timeout(slurm_cluster: Any, tmp_path: Path) -> N
     # Slurm's time limit has minute resolution: 1 minute, with the USR1 notice 50 s before it
     spec = slurm_spec(slurm_cluster, tmp_path, "sl-time", "slurm_train.py --steps 500 --step-s 0.5", time="1",
                       signal="B:USR1@50")
-    res = cli("run", write(tmp_path, spec), timeout=240)
+    res = cli("run", write(tmp_path, spec), "--to", str(tmp_path / "pulled"), timeout=240)
     assert res.returncode == 124, res.stdout + res.stderr
     out = res.stdout + res.stderr
     assert "saw GTRAIN_PREEMPT_FILE" in out, out[-3000:]  # the ranks learnt of the limit before it came
@@ -148,7 +148,7 @@ def test_bad_partition_exit_2_nothing_submitted(slurm_cluster: Any, tmp_path: Pa
     assert res.returncode == 2, res.stdout + res.stderr
     assert "slurm.partition" in res.stderr and "nope" in res.stderr and "Traceback" not in res.stderr
     spec = slurm_spec(slurm_cluster, tmp_path, "sl-bad2", "slurm_train.py", extra_sbatch=["--mem=999999999"])
-    res = cli("run", write(tmp_path, spec))
+    res = cli("run", write(tmp_path, spec), "--to", str(tmp_path / "pulled"))
     assert res.returncode == 2, res.stdout + res.stderr
     assert slurm_cluster.jobs() == before
 
