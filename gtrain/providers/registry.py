@@ -14,10 +14,11 @@ REGISTRY: dict[str, str] = {
     "aws": "gtrain.providers.aws:AWSProvider",
     "gcp": "gtrain.providers.gcp:GCPProvider",
     "ssh": "gtrain.providers.ssh:SSHProvider",
+    "slurm": "gtrain.providers.slurm:SlurmProvider",
 }
 
 #: names a spec may give that no registered provider serves yet, with what to say
-PLANNED: dict[str, str] = {"slurm": "not available in this version of gtrain"}
+PLANNED: dict[str, str] = {}
 
 _ADDED: dict[str, str] = {}
 

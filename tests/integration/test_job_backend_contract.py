@@ -29,7 +29,7 @@ from gtrain.state import Job as JobRecord
 
 JOBS = Path(__file__).parent / "jobs"
 RELAY = Path(__file__).parent / "node_relay.py"
-BACKENDS = ["local", "ssh", "aws", "gcp", "fake"]
+BACKENDS = ["local", "ssh", "aws", "gcp", "fake", "slurm"]
 
 
 def _job(work: Path) -> dict[str, Any]:
@@ -50,6 +50,10 @@ def spec_for(provider: str, request: pytest.FixtureRequest, tmp: Path, work: Pat
     name = f"jb-{provider}"
     base: dict[str, Any] = {"name": name, "provider": provider, "num_nodes": 2, "job": _job(work)}
     if provider in ("local", "fake"):
+        return base
+    if provider == "slurm":  # a real slurmctld + 2 slurmd (tests/fixtures/slurm.py); the nodes share one disk
+        c = request.getfixturevalue("slurm_cluster")
+        base["slurm"] = {"partition": c.partition, "shared_dir": str(c.shared), "conf": c.conf}
         return base
     if provider == "ssh":
         hosts = request.getfixturevalue("ssh_hosts")

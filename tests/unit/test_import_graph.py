@@ -133,8 +133,15 @@ def test_no_import_cycle() -> None:
     assert cycles(import_graph(typing=False)) == []
 
 
+def _inside_one_provider(cycle: set[str]) -> bool:
+    """A provider's own parts naming each other in annotations (its JobBackend types its provider, which hands
+    the backend out): the same seam, kept inside the provider's folder."""
+    pkgs = {".".join(m.split(".")[:3]) for m in cycle}
+    return len(pkgs) == 1 and next(iter(pkgs)).startswith("gtrain.providers.")
+
+
 def test_no_typing_cycle_but_the_seams() -> None:
-    extra = [c for c in cycles(import_graph(typing=True)) if c not in TYPING_SEAMS]
+    extra = [c for c in cycles(import_graph(typing=True)) if c not in TYPING_SEAMS and not _inside_one_provider(c)]
     assert extra == []
 
 

@@ -76,7 +76,7 @@ def test_secret_also_in_env_or_given_twice_is_refused() -> None:
 
 
 def test_provider_sections_come_from_the_registry() -> None:
-    # slurm is planned: it parses (and `up` refuses it), with its section
+    # a built-in provider parses with its section
     s = parse_spec({"name": "demo", "provider": "slurm", "slurm": {"partition": "gpu"}})
     assert s.slurm == {"partition": "gpu"} and s.section("slurm") == {"partition": "gpu"}
     # a provider registered at run time gets its section without any change to the spec module

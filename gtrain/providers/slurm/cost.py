@@ -1,0 +1,46 @@
+"""Job time of a Slurm cluster's jobs, for the cost report: sacct's ElapsedRaw when accounting is on, else
+slurmctld's own StartTime/EndTime (``scontrol show job``, while it remembers the job), else the job record's
+own times (an estimate)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gtrain.providers.slurm.provider import SlurmProvider
+    from gtrain.state import Cluster, CostInterval
+
+
+def _epoch(stamp: str | None) -> float | None:
+    if not stamp or stamp in ("Unknown", "None", "N/A"):
+        return None
+    try:
+        return time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+def job_gpu_seconds(provider: SlurmProvider, cluster: Cluster, interval: CostInterval) -> tuple[float, str]:
+    """Seconds of job time on one node inside ``interval``, and where the times came from."""
+    jobs = [j for j in provider.store.jobs(cluster.id) if j.info.get("slurm_job_id")]
+    if not jobs or not (cluster.extra.get("slurm") or {}).get("root"):
+        return 0.0, "no Slurm jobs"
+    slurm = provider.slurm(cluster)
+    ids = [str(j.info["slurm_job_id"]) for j in jobs]
+    acct = slurm.sacct(ids)
+    lo, hi = interval.started_at, interval.stopped_at or time.time()
+    if acct:
+        return float(sum(int(r["ElapsedRaw"] or 0) for r in acct.values())), "sacct"
+    total, sources = 0.0, set()
+    for j, sid in zip(jobs, ids, strict=True):
+        info = slurm.show_job(sid)
+        start, end = _epoch(info.get("StartTime")), _epoch(info.get("EndTime"))
+        if start is not None and info.get("JobState") not in ("PENDING",):
+            sources.add("scontrol")
+            end = end if end is not None and info.get("JobState") not in ("RUNNING", "COMPLETING") else time.time()
+        else:
+            sources.add("the job records (estimate)")
+            start, end = j.created_at, j.ended_at or time.time()
+        total += max(0.0, min(end, hi) - max(start, lo))
+    return total, " + ".join(sorted(sources))
