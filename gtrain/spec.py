@@ -24,12 +24,14 @@ from pydantic import (
     PrivateAttr,
     StringConstraints,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 from pydantic_core import PydanticCustomError, to_jsonable_python
 
 from gtrain.errors import ConfigError, dotted_path
+from gtrain.jobs.launchers import options as launchers
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$|^[a-z]$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -37,7 +39,7 @@ ACCEL_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_-]*)(?::(\d+))?$")
 # Names gtrain sets itself on every rank; a user env var may not shadow them.
 RESERVED_ENV = {
     "GTRAIN_NODE_RANK", "GTRAIN_NUM_NODES", "GTRAIN_NODE_IPS", "GTRAIN_MASTER_ADDR", "GTRAIN_MASTER_PORT",
-    "GTRAIN_JOB_ID", "GTRAIN_CHECKPOINT_DIR", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    "GTRAIN_JOB_ID", "GTRAIN_CHECKPOINT_DIR", *launchers.RESERVED_ENV,  # what any launcher sets on a rank
 }
 # Names whose value on this machine is wrong on a node: a secret (sent from the local environment) may not be one.
 HOST_ENV = {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "PWD", "LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONPATH",
@@ -68,7 +70,8 @@ class _Model(BaseModel):
 
 def _reserved_name(k: str) -> str | None:
     if k in RESERVED_ENV or k.startswith("GTRAIN_"):
-        return f"{k!r} is set by gtrain/torchrun on every rank (GTRAIN_* is reserved); pick another name"
+        return (f"{k!r} is set by gtrain/torchrun or the launcher on every rank (GTRAIN_* is reserved); "
+                "pick another name")
     return None
 
 
@@ -138,8 +141,10 @@ class Job(_Model):
     workdir: str = Field(".", description="local folder copied to every node; `~` is expanded; relative to "
                          "the spec file's folder")
     setup: str | None = Field(None, description="bash script run on every node before the job starts")
+    launcher: str = Field(launchers.DEFAULT, description="what starts the ranks: `torchrun`, `accelerate`, "
+                          "`deepspeed`, `jax`, `tensorflow` or `python`; see docs/launchers.md")
     run: str = Field(..., min_length=1, description="script and its arguments, relative to the workdir, started "
-                     "by torchrun; must split like a shell command line")
+                     "by the launcher; must split like a shell command line")
     nproc_per_node: Int | None = Field(None, ge=1, le=64, description="ranks per node; default: the GPU count "
                                        "of `resources.accelerators`, else 1")
     env: dict[Text, Text] = Field(default_factory=dict, description="environment of setup and every rank; "
@@ -152,6 +157,20 @@ class Job(_Model):
                                   "see [job.data](#jobdata)")
     max_restarts: Int = Field(0, ge=0, le=100, description="torchrun's `--max_restarts`")
     python: str | None = Field(None, description="interpreter on the nodes (default: python3; local: this one)")
+    accelerate: launchers.AccelerateOptions | None = Field(None, description="`launcher: accelerate` options")
+    deepspeed: launchers.DeepSpeedOptions | None = Field(None, description="`launcher: deepspeed` options")
+    jax: launchers.JaxOptions | None = Field(None, description="`launcher: jax` options")
+    tensorflow: launchers.TensorFlowOptions | None = Field(None, description="`launcher: tensorflow` options")
+
+    @field_validator("launcher")
+    @classmethod
+    def _launcher(cls, v: str) -> str:
+        return launchers.check_launcher_name(v)
+
+    @field_validator("accelerate", "deepspeed", "jax", "tensorflow")
+    @classmethod
+    def _launcher_block(cls, v: Any, info: ValidationInfo) -> Any:
+        return launchers.check_block(str(info.field_name), v, info.data.get("launcher"))
 
     @field_validator("env", mode="before")
     @classmethod

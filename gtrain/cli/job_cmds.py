@@ -38,10 +38,15 @@ def launch(
         if json_:
             out.emit_json({"cluster": res.cluster, "scripts": {str(k): v for k, v in res.scripts.items()}})
         else:
+            for node, scripts in res.scripts.items():  # each node's exact command first, then its files
+                if "command" in scripts:
+                    out.say(f"# ---- node {node}: command ----")
+                    print(scripts["command"], end="")
             for node, scripts in res.scripts.items():
                 for name, text in scripts.items():
-                    out.say(f"# ---- node {node}: {name} ----")
-                    print(text, end="")
+                    if name != "command":
+                        out.say(f"# ---- node {node}: {name} ----")
+                        print(text, end="")
         return
     if not wait:
         if json_:

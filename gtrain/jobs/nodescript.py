@@ -53,8 +53,17 @@ def secret_stdin(job: Job) -> bytes:
 
 def node_contexts(cluster: Cluster, spec: ClusterSpec, job: Job, runners: list[Runner], job_id: str,
                   master_port: int) -> list[NodeContext]:
+    """Every node's render context. The launcher checks the job first (exit 2 naming the field); nproc
+    defaults to the launcher's choice: the node's GPUs, else 1 (JAX: one process per node)."""
+    from gtrain.jobs.launchers import get_launcher
+    from gtrain.jobs.launchers.options import OPTION_MODELS
+
+    launcher = get_launcher(job.launcher)
     addrs = [r.address for r in runners]
-    nproc = job.nproc_per_node or spec.resources.gpus_per_node or 1
+    nproc = job.nproc_per_node or launcher.default_nproc(spec.resources.gpus_per_node)
+    derived, notes = launcher.check(spec, spec.workdir_path(), nproc)
+    block = getattr(job, job.launcher) if job.launcher in OPTION_MODELS else None
+    options = {**(block.model_dump() if block is not None else {}), **derived}
     out = []
     for rank, r in enumerate(runners):
         workdir = f"{r.root}/workdir"
@@ -63,7 +72,8 @@ def node_contexts(cluster: Cluster, spec: ClusterSpec, job: Job, runners: list[R
             node_addr=r.address, master_addr=addrs[0], master_port=master_port, nproc_per_node=nproc,
             job_dir=job_dir(r, job_id), workdir=workdir, checkpoint_dir=f"{workdir}/{job.checkpoint_dir}",
             python=job.python or r.python, argv=job.argv, env=dict(job.env), secret_names=list(job.secrets),
-            setup=job.setup, max_restarts=job.max_restarts,
+            setup=job.setup, max_restarts=job.max_restarts, launcher=launcher.name, launcher_options=options,
+            launcher_notes=notes,
         ))
     return out
 

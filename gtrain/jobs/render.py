@@ -1,73 +1,25 @@
 """Render the per-node scripts from ``templates/`` (jinja2). Every value a user controls reaches the shell
-only through the ``q`` filter (``shlex.quote``); StrictUndefined makes a missing variable an error."""
+only through the ``q`` filter (``shlex.quote``); StrictUndefined makes a missing variable an error. The
+launcher block of ``launch.sh`` is the chosen launcher's command (:mod:`gtrain.jobs.launchers`)."""
 
 from __future__ import annotations
 
-import shlex
-from dataclasses import asdict, dataclass, field
-from functools import lru_cache
-from pathlib import Path
-from typing import Any
+from gtrain.jobs.templating import NodeContext, render, shell_quote, templates_dir
+
+__all__ = ["SCRIPTS", "NodeContext", "render", "render_all", "shell_quote", "templates_dir"]
 
 SCRIPTS = ("launch.sh", "rank.sh", "setup.sh", "data.sh")
 
 
-def templates_dir() -> Path:
-    here = Path(__file__).resolve().parent.parent
-    shipped = here / "templates"  # inside the wheel
-    return shipped if shipped.is_dir() else here.parent / "templates"  # source checkout
-
-
-def shell_quote(value: Any) -> str:
-    return shlex.quote(str(value))
-
-
-@lru_cache(maxsize=1)
-def _env() -> Any:
-    import jinja2
-
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(templates_dir())),
-        undefined=jinja2.StrictUndefined,
-        autoescape=False,
-        keep_trailing_newline=True,
-        trim_blocks=False,
-    )
-    env.filters["q"] = shell_quote
-    return env
-
-
-@dataclass
-class NodeContext:
-    """Everything a node's scripts are rendered from. No secret values: only their names."""
-
-    job_id: str
-    cluster: str
-    node_rank: int
-    num_nodes: int
-    node_ips: list[str]
-    node_addr: str
-    master_addr: str
-    master_port: int
-    nproc_per_node: int
-    job_dir: str
-    workdir: str
-    checkpoint_dir: str
-    python: str
-    argv: list[str]
-    env: dict[str, str] = field(default_factory=dict)
-    secret_names: list[str] = field(default_factory=list)
-    setup: str | None = None
-    max_restarts: int = 0
-    join_timeout: int = 300
-
-
-def render(name: str, ctx: NodeContext, **extra: Any) -> str:
-    return str(_env().get_template(f"{name}.j2").render(**asdict(ctx), **extra))
-
-
 def render_all(ctx: NodeContext) -> dict[str, str]:
-    out = {"launch.sh": render("launch.sh", ctx), "rank.sh": render("rank.sh", ctx)}
+    """The node's files: ``launch.sh``, the launcher's own (``rank.sh``, ...), ``command`` (the launcher's
+    command line for this node, as ``launch.sh`` runs it) and ``setup.sh`` when the job has one."""
+    from gtrain.jobs.launchers import get_launcher
+
+    launcher = get_launcher(ctx.launcher)
+    command = launcher.node_command(ctx)
+    out = {"launch.sh": render("launch.sh", ctx, launcher_command=command, launcher_name=launcher.name),
+           **launcher.node_files(ctx), "command": command + "\n"}
     if ctx.setup:
         out["setup.sh"] = render("setup.sh", ctx)
     return out

@@ -1,0 +1,70 @@
+"""The node context and the jinja2 environment the per-node scripts are rendered with (``templates/``).
+Every value a user controls reaches the shell only through the ``q`` filter (``shlex.quote``);
+StrictUndefined makes a missing variable an error."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+
+def templates_dir() -> Path:
+    here = Path(__file__).resolve().parent.parent
+    shipped = here / "templates"  # inside the wheel
+    return shipped if shipped.is_dir() else here.parent / "templates"  # source checkout
+
+
+def shell_quote(value: Any) -> str:
+    return shlex.quote(str(value))
+
+
+@lru_cache(maxsize=1)
+def _env() -> Any:
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+        trim_blocks=False,
+    )
+    env.filters["q"] = shell_quote
+    return env
+
+
+@dataclass
+class NodeContext:
+    """Everything a node's scripts are rendered from. No secret values: only their names."""
+
+    job_id: str
+    cluster: str
+    node_rank: int
+    num_nodes: int
+    node_ips: list[str]
+    node_addr: str
+    master_addr: str
+    master_port: int
+    nproc_per_node: int
+    job_dir: str
+    workdir: str
+    checkpoint_dir: str
+    python: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    secret_names: list[str] = field(default_factory=list)
+    setup: str | None = None
+    max_restarts: int = 0
+    join_timeout: int = 300
+    launcher: str = "torchrun"  # a name in gtrain.jobs.launchers
+    launcher_options: dict[str, Any] = field(default_factory=dict)  # job.<launcher>, + what its check derived
+    launcher_notes: list[str] = field(default_factory=list)  # warnings from the launcher's local check
+
+
+def render(name: str, ctx: NodeContext, **extra: Any) -> str:
+    return str(_env().get_template(f"{name}.j2").render(**asdict(ctx), **extra))
+
+
