@@ -51,19 +51,26 @@ def secret_stdin(job: Job) -> bytes:
     return b"".join(f"{n}={os.environ[n]}".encode() + b"\x00" for n in job.secrets)
 
 
-def node_contexts(cluster: Cluster, spec: ClusterSpec, job: Job, runners: list[Runner], job_id: str,
-                  master_port: int) -> list[NodeContext]:
-    """Every node's render context. The launcher checks the job first (exit 2 naming the field); nproc
-    defaults to the launcher's choice: the node's GPUs, else 1 (JAX: one process per node)."""
+def launcher_of(spec: ClusterSpec, job: Job) -> tuple[str, int, dict[str, Any], list[str]]:
+    """The job's launcher, checked (exit 2 naming the field): its name, processes per node (the launcher's
+    default: the node's GPUs, else 1; JAX: one per node), its options and the warnings of its check. Every
+    backend renders its nodes' commands from these (node scripts here, Slurm's batch script)."""
     from gtrain.jobs.launchers import get_launcher
     from gtrain.jobs.launchers.options import OPTION_MODELS
 
     launcher = get_launcher(job.launcher)
-    addrs = [r.address for r in runners]
     nproc = job.nproc_per_node or launcher.default_nproc(spec.resources.gpus_per_node)
     derived, notes = launcher.check(spec, spec.workdir_path(), nproc)
     block = getattr(job, job.launcher) if job.launcher in OPTION_MODELS else None
     options = {**(block.model_dump() if block is not None else {}), **derived}
+    return launcher.name, nproc, options, notes
+
+
+def node_contexts(cluster: Cluster, spec: ClusterSpec, job: Job, runners: list[Runner], job_id: str,
+                  master_port: int) -> list[NodeContext]:
+    """Every node's render context."""
+    name, nproc, options, notes = launcher_of(spec, job)
+    addrs = [r.address for r in runners]
     out = []
     for rank, r in enumerate(runners):
         workdir = f"{r.root}/workdir"
@@ -72,7 +79,7 @@ def node_contexts(cluster: Cluster, spec: ClusterSpec, job: Job, runners: list[R
             node_addr=r.address, master_addr=addrs[0], master_port=master_port, nproc_per_node=nproc,
             job_dir=job_dir(r, job_id), workdir=workdir, checkpoint_dir=f"{workdir}/{job.checkpoint_dir}",
             python=job.python or r.python, argv=job.argv, env=dict(job.env), secret_names=list(job.secrets),
-            setup=job.setup, max_restarts=job.max_restarts, launcher=launcher.name, launcher_options=options,
+            setup=job.setup, max_restarts=job.max_restarts, launcher=name, launcher_options=options,
             launcher_notes=notes,
         ))
     return out

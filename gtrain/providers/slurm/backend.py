@@ -15,7 +15,6 @@ import secrets as _secrets
 import shlex
 import time
 from collections.abc import Iterator
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -73,7 +72,7 @@ _RUNTIME = {"HEAD": "GTRAIN_HEAD_ADDR", "PORT": "GTRAIN_RDZV_PORT", "SELF": "GTR
 
 
 def _render(template: str, values: dict[str, Any]) -> str:
-    from gtrain.jobs.render import _env
+    from gtrain.jobs.templating import _env
 
     return str(_env().get_template(template).render(**values))
 
@@ -93,18 +92,23 @@ def render_job(request: JobRequest, root: str, python: str, sbatch: list[str]) -
         "batch.sh": _render("slurm/batch.sh.j2", {**common, "sbatch": sbatch}),
         "node.sh": _render("slurm/node.sh.j2", common),
     }}
-    nproc = job.nproc_per_node or request.spec.resources.gpus_per_node or 1
+    from gtrain.jobs.nodescript import launcher_of
+    from gtrain.jobs.render import render_all
+
+    launcher, nproc, options, notes = launcher_of(request.spec, job)
     for k in range(n):
+        # the rendezvous host, port and the nodes' addresses are known only once Slurm has placed the job:
+        # render with shell-safe tokens, then swap them for the batch shell's variables
         ctx = NodeContext(
             job_id=request.job_id, cluster=request.cluster.name, node_rank=k, num_nodes=n,
-            node_ips=[tokens["IPS"]], node_addr=tokens["SELF"], master_addr=tokens["HEAD"], master_port=0,
+            node_ips=[tokens["IPS"]], node_addr=tokens["SELF"], master_addr=tokens["HEAD"],
+            master_port=tokens["PORT"],  # type: ignore[arg-type]  # a token until run time
             nproc_per_node=nproc, job_dir=f"{job_root}/node-{k}", workdir=workdir,
             checkpoint_dir=f"{workdir}/{job.checkpoint_dir}", python=job.python or python, argv=job.argv,
-            env=dict(job.env), secret_names=list(job.secrets), setup=job.setup, max_restarts=job.max_restarts)
-        values = {**asdict(ctx), "master_port": tokens["PORT"]}
+            env=dict(job.env), secret_names=list(job.secrets), setup=job.setup, max_restarts=job.max_restarts,
+            launcher=launcher, launcher_options=options, launcher_notes=notes)
         out = files.setdefault(k, {})
-        for name in ("launch.sh", "rank.sh", *(("setup.sh",) if job.setup else ())):
-            text = _render(f"{name}.j2", values)
+        for name, text in render_all(ctx).items():
             for key, tok in tokens.items():  # tokens are shell-safe words: never inside quotes
                 text = text.replace(tok, '"${' + _RUNTIME[key] + '}"')
             out[f"node-{k}/{name}"] = text
