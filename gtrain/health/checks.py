@@ -73,7 +73,10 @@ def run_health(cluster: Cluster, ctx: Context, mode: str = "quick", spec: Cluste
         report.add(versions)
     if probes:
         report.add(_clocks({i: (p["time"] - answers[i][1]) for i, p in probes.items()}))
-    if len(probes) == len(runners):
+    if report.failed():  # a node that fails already is not worth the job's minute: say why it did not run
+        report.add(Check("interconnect.job", Verdict.SKIPPED, "not run", "all-reduce and GEMM digests not run: "
+                         "node checks failed above"))
+    else:
         from gtrain.health.probejob import run_probe_job
 
         devices = [len((p.get("gpu") or {}).get("devices") or []) for p in probes.values()]

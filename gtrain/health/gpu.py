@@ -29,6 +29,11 @@ FATAL_XIDS = {48: "double-bit ECC error", 63: "row-remapping event", 64: "row-re
 THROTTLE_BITS = {0x8: "HW slowdown", 0x20: "SW thermal slowdown", 0x40: "HW thermal slowdown",
                  0x80: "HW power brake"}
 RETIRED_PAGES_LIMIT = 60
+#: other spellings of a field, as headers of other driver versions print them -> the name used here
+ALIASES = {"clocks_event_reasons.active": "clocks_throttle_reasons.active",
+           "retired_pages.sbe": "retired_pages.single_bit_ecc.count",
+           "retired_pages.dbe": "retired_pages.double_bit.count", "gpu_name": "name", "gpu_serial": "serial",
+           "gpu_uuid": "uuid"}
 
 
 def parse_csv(text: str) -> list[dict[str, str | None]]:
@@ -38,7 +43,7 @@ def parse_csv(text: str) -> list[dict[str, str | None]]:
     if not lines:
         return []
     reader = csv.reader(lines, skipinitialspace=True)
-    header = [_UNIT.sub("", h.strip()) for h in next(reader)]
+    header = [ALIASES.get(k, k) for k in (_UNIT.sub("", h.strip()) for h in next(reader))]
     rows = []
     for cells in reader:
         if len(cells) != len(header):
@@ -131,7 +136,8 @@ def _ecc(node: int, rows: list[dict[str, str | None]]) -> Check:
 
 def _pages(node: int, rows: list[dict[str, str | None]]) -> Check:
     failed = [_gpu_label(r) for r in rows if (r.get("remapped_rows.failure") or "").lower() == "yes"]
-    retired = {_gpu_label(r): (_int(r.get("retired_pages.sbe")) or 0) + (_int(r.get("retired_pages.dbe")) or 0)
+    retired = {_gpu_label(r): (_int(r.get("retired_pages.single_bit_ecc.count")) or 0)
+               + (_int(r.get("retired_pages.double_bit.count")) or 0)
                for r in rows}
     worst = max(retired.values(), default=0)
     if failed:

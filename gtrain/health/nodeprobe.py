@@ -23,7 +23,7 @@ import time
 HEALTH_FIELDS = (
     "index", "name", "serial", "uuid", "pci.bus_id", "driver_version", "persistence_mode", "ecc.mode.current",
     "ecc.errors.uncorrected.volatile.total", "ecc.errors.uncorrected.aggregate.total",
-    "retired_pages.sbe", "retired_pages.dbe", "retired_pages.pending",
+    "retired_pages.single_bit_ecc.count", "retired_pages.double_bit.count", "retired_pages.pending",
     "remapped_rows.pending", "remapped_rows.failure", "clocks_throttle_reasons.active",
     "temperature.gpu", "power.draw", "memory.used", "memory.total", "utilization.gpu",
 )
