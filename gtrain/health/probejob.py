@@ -64,7 +64,7 @@ def probe_spec(spec: ClusterSpec, nproc: int, seconds: float, workdir: str) -> C
 
 def run_probe_job(cluster: Cluster, spec: ClusterSpec, ctx: Context, *, nproc: int, seconds: float = 0.0,
                   timeout: float = 300.0) -> ProbeRun:
-    from gtrain.jobs.launch import new_job_id
+    import secrets
 
     t0 = time.monotonic()
     backend = ctx.backend(cluster)
@@ -72,7 +72,7 @@ def run_probe_job(cluster: Cluster, spec: ClusterSpec, ctx: Context, *, nproc: i
         src = Path(__file__).with_name("probe_script.py").read_text(encoding="utf-8")
         (Path(tmp) / SCRIPT).write_text(src, encoding="utf-8")
         hspec = probe_spec(spec, nproc, seconds, tmp)
-        job_id = new_job_id(f"{cluster.name}-health")
+        job_id = f"{cluster.name}-health-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
         request = backend.reserve(JobRequest(cluster, hspec, job_id, tmp))
         plan = backend.dryrun(request)
         backend.submit(plan, SILENT)

@@ -42,7 +42,7 @@ mkdir -p "$GTRAIN_CHECKPOINT_DIR"
 if [ "${GTRAIN_TELEMETRY:-1}" != 0 ] && { [ -n "${GTRAIN_NVIDIA_SMI:-}" ] || command -v nvidia-smi >/dev/null 2>&1; }; then
   mkdir -p "$JOB_DIR/telemetry"
   env -u GTRAIN_JOB_ID python3 - "$JOB_DIR/telemetry/node-$GTRAIN_NODE_RANK.jsonl" \
-    "${GTRAIN_TELEMETRY_INTERVAL:-10}" "$$" "${GTRAIN_TELEMETRY_KEEP:-4320}" >/dev/null 2>"$JOB_DIR/telemetry/sampler.err" <<'__GTRAIN_TELEMETRY__' &
+    "${GTRAIN_TELEMETRY_INTERVAL:-10}" "$$" "${GTRAIN_TELEMETRY_KEEP:-34560}" >/dev/null 2>"$JOB_DIR/telemetry/sampler.err" <<'__GTRAIN_TELEMETRY__' &
 import json, os, shutil, subprocess, sys, time
 out, every, parent, keep = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), max(int(sys.argv[4]), 10)
 smi = os.environ.get("GTRAIN_NVIDIA_SMI") or shutil.which("nvidia-smi")
