@@ -31,6 +31,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError, to_jsonable_python
 
 from gtrain.errors import ConfigError, dotted_path
+from gtrain.health.model import PREFLIGHT_PATTERN, MinGpuUtil
 from gtrain.jobs.launchers import options as launchers
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$|^[a-z]$")
@@ -249,6 +250,10 @@ class Policies(_Model):
                                     description="each node deletes itself after this long (aws, gcp)")
     max_cost_usd: Float | None = Field(None, gt=0, le=MAX_COST_USD, allow_inf_nan=False,
                                        description="cost cap, spread over the nodes' lifetime (aws, gcp)")
+    preflight: str = Field("off", pattern=PREFLIGHT_PATTERN, description="`gtrain health` before `launch` "
+                           "starts the job: `quick`, `full` or `off`; a failed node stops the launch (exit 1)")
+    min_gpu_util: MinGpuUtil | None = Field(None, description="`{percent, minutes, action}`: warn (`action: "
+                                            "stop`: stop the job) when every GPU idles; see docs/health.md")
 
 
 def provider_known(name: str) -> bool:

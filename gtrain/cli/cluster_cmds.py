@@ -108,9 +108,18 @@ def down(
 def status(
     cluster: str = typer.Argument(None, metavar="[CLUSTER]",
                                   help="Show one cluster in detail (asks its nodes about its jobs)."),
+    gpus: bool = typer.Option(False, "--gpus", help="Each node's GPUs now: utilisation, memory, temperature, "
+                              "power, steps/s (needs CLUSTER)."),
     json_: bool = JSON,
 ) -> None:
     """Clusters and their jobs."""
+    if gpus:
+        from gtrain.cli.health_cmds import show_gpus
+        from gtrain.errors import ConfigError
+
+        if cluster is None:
+            raise ConfigError("status --gpus: no CLUSTER given", field="CLUSTER", hint="gtrain status CLUSTER --gpus")
+        return show_gpus(cluster, json_)
     from gtrain.cli.views import show_status
 
     show_status(cluster, json_)

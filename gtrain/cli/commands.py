@@ -27,6 +27,9 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
                           "node's."),
     ("ssh-forget", "node_cmds", "Forget a host's pinned SSH key (after the host was rebuilt); the next `gtrain up` "
                                 "pins the new one."),
+    ("health", "health_cmds", "Check every node: GPUs vs the spec, ECC, Xid, an all-reduce, GEMM digests (silent data "
+                              "corruption)."),
+    ("top", "health_cmds", "A live view of every node's GPUs: utilisation, memory, temperature, power, steps/s."),
     ("sync", "data_cmds", "Incremental, parallel, checksum-verified sync; an interrupted sync resumes."),
 )
 

@@ -88,6 +88,9 @@ def launch(cluster: Cluster, spec: ClusterSpec, ctx: Context, *, force: bool = F
                                        f"`gtrain cancel {cluster.name}`, or launch with --force to cancel it")
             ctx.report.info(f"cancelling {active.id} (--force)")
             cancel_job(cluster, active, ctx)
+        from gtrain.health.checks import preflight
+
+        preflight(cluster, spec, ctx)  # policies.preflight: a failed node stops the launch here (exit 1)
 
         request = backend.reserve(JobRequest(cluster, spec, new_job_id(cluster.name), local_workdir))
         plan = backend.dryrun(request)

@@ -39,6 +39,59 @@ export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"
 export LR=0.01
 mkdir -p "$GTRAIN_CHECKPOINT_DIR"
 
+if [ "${GTRAIN_TELEMETRY:-1}" != 0 ] && { [ -n "${GTRAIN_NVIDIA_SMI:-}" ] || command -v nvidia-smi >/dev/null 2>&1; }; then
+  mkdir -p "$JOB_DIR/telemetry"
+  env -u GTRAIN_JOB_ID python3 - "$JOB_DIR/telemetry/node-$GTRAIN_NODE_RANK.jsonl" \
+    "${GTRAIN_TELEMETRY_INTERVAL:-10}" "$$" "${GTRAIN_TELEMETRY_KEEP:-34560}" >/dev/null 2>"$JOB_DIR/telemetry/sampler.err" <<'__GTRAIN_TELEMETRY__' &
+import json, os, shutil, subprocess, sys, time
+out, every, parent, keep = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), max(int(sys.argv[4]), 10)
+smi = os.environ.get("GTRAIN_NVIDIA_SMI") or shutil.which("nvidia-smi")
+query = ["--query-gpu=index,utilization.gpu,memory.used,memory.total,temperature.gpu,power.draw",
+         "--format=csv,noheader,nounits"]
+keys = ("gpu", "util", "mem_used", "mem_total", "temp", "power")
+def alive():
+    try:
+        os.kill(parent, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+def num(cell):
+    try:
+        return float(cell)
+    except ValueError:
+        return None  # [N/A], [Not Supported]
+lines = 0
+while alive():
+    try:
+        res = subprocess.run([smi, *query], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        res = ""
+    now = round(time.time(), 3)
+    rows = []
+    for line in res.splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) == len(keys) and cells[0].isdigit():
+            row = {"t": now, **{k: num(c) for k, c in zip(keys, cells)}}
+            row["gpu"] = int(cells[0])
+            rows.append(json.dumps(row, separators=(",", ":")) + "\n")
+    with open(out, "a", encoding="utf-8") as f:
+        f.writelines(rows)
+    lines += len(rows)
+    if lines >= 2 * keep:
+        with open(out, encoding="utf-8", errors="replace") as f:
+            tail = f.readlines()[-keep:]
+        with open(out + ".tmp", "w", encoding="utf-8") as f:
+            f.writelines(tail)
+        os.replace(out + ".tmp", out)
+        lines = len(tail)
+    end = time.time() + every
+    while time.time() < end and alive():
+        time.sleep(min(0.5, every))
+__GTRAIN_TELEMETRY__
+fi
+
 cd /home/u/gtrain/demo/workdir || { write_state failed 97; exit 97; }
 write_state running null
 echo "[gtrain] node $GTRAIN_NODE_RANK/$GTRAIN_NUM_NODES starting python: $GTRAIN_NPROC_PER_NODE proc(s), rendezvous $GTRAIN_MASTER_ADDR:$GTRAIN_MASTER_PORT"

@@ -1,0 +1,100 @@
+"""gtrain health / top, and the GPU table of `status --gpus`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+
+from gtrain.cli import output as out
+from gtrain.cli.params import CLUSTER, JSON
+
+GPU_COLUMNS = ["node", "gpu", "util", "memory", "temp", "power", "steps/s", "sample"]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("health")(health)
+    app.command("top")(top)
+
+
+def health(
+    cluster: str = CLUSTER,
+    quick: bool = typer.Option(False, "--quick", help="The default: GPU checks, one all-reduce sweep, one GEMM "
+                               "digest per device (seconds)."),
+    full: bool = typer.Option(False, "--full", help="Also repeat the GEMMs and all-reduces under load for 60 s."),
+    json_: bool = JSON,
+) -> None:
+    """Check every node: GPUs vs the spec, ECC, Xid, an all-reduce, GEMM digests (silent data corruption)."""
+    out.set_json(json_)
+    from gtrain.context import Context
+    from gtrain.errors import ConfigError
+    from gtrain.health.checks import run_health
+
+    if quick and full:
+        raise ConfigError("--quick and --full: give one of them", field="--full",
+                          hint=f"gtrain health {cluster} --full")
+    ctx = Context(report=out.CLIReporter())
+    report = run_health(ctx.cluster(cluster), ctx, "full" if full else "quick")
+    if json_:
+        out.emit_json(report.to_dict())
+    else:
+        out.table(None, ["node", "check", "verdict", "figure", "reason"],
+                  [["-" if c.node is None else c.node, c.name, c.verdict.value, c.figure, c.reason]
+                   for c in sorted(report.checks, key=lambda c: (-1 if c.node is None else c.node, c.name))])
+        out.say(f"{report.summary()} [{report.seconds:.1f}s]")
+    if report.failed():
+        raise typer.Exit(1)
+
+
+def gpu_table(cluster: str) -> tuple[list[list[Any]], str | None]:
+    """Rows of the newest telemetry of the cluster's newest job, and the job id (None: no job yet)."""
+    from gtrain.context import Context
+    from gtrain.health import telemetry
+
+    ctx = Context(report=out.CLIReporter())
+    c = ctx.cluster(cluster)
+    jobs = ctx.store.jobs(c.id)
+    if not jobs:
+        return [], None
+    return telemetry.rows(telemetry.read(c, jobs[-1], ctx, samples=64)), jobs[-1].id
+
+
+def show_gpus(cluster: str, json_: bool) -> None:
+    """`gtrain status CLUSTER --gpus`."""
+    rows, job = gpu_table(cluster)
+    if json_:
+        out.emit_json({"cluster": cluster, "job": job, "gpus": [dict(zip(GPU_COLUMNS, r, strict=True)) for r in rows]})
+        return
+    if job is None:
+        out.say(f"no job on {cluster} yet: nothing sampled")
+        return
+    out.table(f"GPUs of job {job}", GPU_COLUMNS, rows)
+
+
+def top(
+    cluster: str = CLUSTER,
+    interval: float = typer.Option(2.0, "--interval", min=0.2, help="Seconds between refreshes."),
+    once: bool = typer.Option(False, "--once", help="Print one frame and exit (no live view)."),
+) -> None:
+    """A live view of every node's GPUs: utilisation, memory, temperature, power, steps/s."""
+    import time
+
+    if once:
+        show_gpus(cluster, False)
+        return
+    from rich.live import Live
+    from rich.table import Table
+
+    def frame() -> Table:
+        rows, job = gpu_table(cluster)
+        t = Table(title=f"{cluster}: job {job or '-'}  ({time.strftime('%H:%M:%S')}, Ctrl+C to quit)")
+        for col in GPU_COLUMNS:
+            t.add_column(col)
+        for r in rows:
+            t.add_row(*(str(x) for x in r))
+        return t
+
+    with Live(frame(), console=out.rich_console(), auto_refresh=False) as live:
+        while True:
+            time.sleep(interval)
+            live.update(frame(), refresh=True)

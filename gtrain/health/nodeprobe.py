@@ -1,0 +1,179 @@
+"""Functions that run ON a node for the health checks and the telemetry, stdlib only (a node has python3,
+not gtrain). Shipped like :mod:`gtrain.remote.nodeside`: the runner sends this file's source on stdin
+(``python3 - FUNC ARGS…``) and reads one JSON document back (:func:`gtrain.health.probe.call_node`).
+
+Nothing here interprets what it reads: the raw ``nvidia-smi`` CSV goes back as text and is parsed (and judged)
+on the gtrain side (:mod:`gtrain.health.gpu`), so a parser fix never needs a node update.
+
+The telemetry sampler itself lives in ``templates/_telemetry.sh.j2`` (it must be on the node before any
+call: the launch script carries it); :func:`telemetry` reads what it wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+#: what `gtrain health` asks of every GPU (``nvidia-smi --help-query-gpu`` names)
+HEALTH_FIELDS = (
+    "index", "name", "serial", "uuid", "pci.bus_id", "driver_version", "persistence_mode", "ecc.mode.current",
+    "ecc.errors.uncorrected.volatile.total", "ecc.errors.uncorrected.aggregate.total",
+    "retired_pages.single_bit_ecc.count", "retired_pages.double_bit.count", "retired_pages.pending",
+    "remapped_rows.pending", "remapped_rows.failure", "clocks_throttle_reasons.active",
+    "temperature.gpu", "power.draw", "memory.used", "memory.total", "utilization.gpu",
+)
+#: the fields every driver since 2015 knows, asked when the full list is refused (an old driver)
+BASIC_FIELDS = ("index", "name", "serial", "uuid", "driver_version", "persistence_mode", "memory.total")
+#: the fault-injection switch (tests only): ``GTRAIN_HEALTH_FAULT=node:K`` makes node K's GEMM digest differ
+FAULT_ENV = "GTRAIN_HEALTH_FAULT"
+#: a stub or a non-standard install can be named instead of the one on PATH
+SMI_ENV = "GTRAIN_NVIDIA_SMI"
+
+
+def _smi() -> str | None:
+    return os.environ.get(SMI_ENV) or shutil.which("nvidia-smi")
+
+
+def _run(argv: list[str], timeout: float = 30) -> tuple[int, str, str]:
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        return p.returncode, p.stdout, p.stderr
+    except (OSError, subprocess.SubprocessError) as e:
+        return 127, "", f"{type(e).__name__}: {e}"
+
+
+def gpu_query() -> dict[str, object]:
+    """``nvidia-smi --query-gpu=… --format=csv`` (header kept: it names the columns and their units), the
+    CUDA version from the head of ``nvidia-smi -q``, and the GPU device files. No nvidia-smi: ``present`` false."""
+    smi = _smi()
+    devs = sorted(d for d in _listdir("/dev") if d.startswith("nvidia") and d[6:].isdigit())
+    if smi is None:
+        return {"present": False, "devices": devs}
+    rc, out, err = _run([smi, f"--query-gpu={','.join(HEALTH_FIELDS)}", "--format=csv"])
+    fields = "full"
+    if rc != 0 and "not a valid field" in (out + err):
+        rc, out, err = _run([smi, f"--query-gpu={','.join(BASIC_FIELDS)}", "--format=csv"])
+        fields = "basic"
+    cuda = None
+    qrc, qout, _ = _run([smi, "-q"])
+    for line in qout.splitlines()[:40] if qrc == 0 else []:
+        key, _, value = line.partition(":")
+        if key.strip() == "CUDA Version":
+            cuda = value.strip()
+            break
+    return {"present": True, "rc": rc, "csv": out, "stderr": err[-2000:], "fields": fields, "cuda": cuda,
+            "devices": devs}
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def xid_errors() -> dict[str, object]:
+    """NVIDIA Xid lines since boot, from the kernel log (``dmesg``, else the journal); ``readable`` false
+    when neither can be read here (no permission): then the count is unknown, not zero."""
+    for argv in (["dmesg"], ["journalctl", "-k", "-b", "--no-pager", "-q"]):
+        if shutil.which(argv[0]) is None:
+            continue
+        rc, out, _ = _run(argv, timeout=20)
+        if rc == 0 and out.strip():
+            lines = [ln.strip() for ln in out.splitlines() if "NVRM: Xid" in ln]
+            return {"readable": True, "source": argv[0], "count": len(lines), "lines": lines[-5:]}
+    return {"readable": False}
+
+
+def _store_reach(store: str, timeout: float = 5.0) -> dict[str, object]:
+    """Can this node reach the checkpoint store: a TCP connection to an object store's endpoint, or a local
+    folder that exists and is writable."""
+    if not store:
+        return {}
+    scheme, sep, rest = store.partition("://")
+    if not sep:
+        path = os.path.expanduser(store)
+        return {"store": store, "ok": os.path.isdir(path) and os.access(path, os.W_OK), "how": "writable folder"}
+    hosts = {"s3": "s3.amazonaws.com", "gs": "storage.googleapis.com"}
+    host, port = hosts.get(scheme, rest.split("/", 1)[0]), 443
+    if scheme in ("http", "https"):
+        hp = rest.split("/", 1)[0]
+        host, _, p = hp.partition(":")
+        port = int(p) if p.isdigit() else (443 if scheme == "https" else 80)
+    if scheme == "file":
+        return {"store": store, "ok": os.path.isdir(rest) and os.access(rest, os.W_OK), "how": "writable folder"}
+    t0 = time.time()
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+        return {"store": store, "ok": True, "how": f"tcp {host}:{port}", "ms": round((time.time() - t0) * 1e3, 1)}
+    except OSError as e:
+        return {"store": store, "ok": False, "how": f"tcp {host}:{port}", "error": str(e)}
+
+
+def health(checkpoint_path: str, store: str = "", with_xid: str = "1") -> dict[str, object]:
+    """Everything the host-side checks need from one node, in one call. ``time`` is taken last, just before
+    the answer is written, so the clock offset is measured against when the answer arrives."""
+    path = os.path.expanduser(checkpoint_path)
+    probe = path
+    while probe and not os.path.exists(probe):  # the folder may not exist yet: measure where it would be
+        probe = os.path.dirname(probe)
+    du = shutil.disk_usage(probe or "/")
+    out: dict[str, object] = {
+        "hostname": socket.gethostname(), "python": sys.version.split()[0],
+        "disk": {"path": path, "free_gb": round(du.free / 1e9, 1), "total_gb": round(du.total / 1e9, 1)},
+        "gpu": gpu_query(),
+    }
+    if with_xid == "1":
+        out["xid"] = xid_errors()
+    if store:
+        out["store"] = _store_reach(store)
+    out["time"] = time.time()
+    return out
+
+
+# ---- telemetry --------------------------------------------------------------------------------------
+
+def telemetry(job_dir: str, last: str = "360", metrics: str = "") -> dict[str, object]:
+    """The newest ``last`` samples of every ``JOB/telemetry/*.jsonl`` on this node, and the newest two lines
+    of the job's metrics file (``metrics``, when the job writes one: steps/s is read from them)."""
+    out: dict[str, object] = {"samples": [], "metrics": []}
+    tdir = os.path.join(job_dir, "telemetry")
+    rows: list[object] = []
+    for name in sorted(_listdir(tdir)):
+        if name.endswith(".jsonl"):
+            rows += _tail_json(os.path.join(tdir, name), int(last))
+    out["samples"] = rows
+    if metrics:
+        out["metrics"] = [m for m in _tail_json(metrics, 2) if isinstance(m, dict)]
+    return out
+
+
+def _tail_json(path: str, n: int) -> list[object]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 256 * (n + 1)))
+            data = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    out: list[object] = []
+    for line in data.splitlines()[-n:]:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # a half-written line, or the cut first line of the window
+    return out
+
+
+FUNCS = {"health": health, "telemetry": telemetry, "gpu_query": gpu_query}
+
+if __name__ == "__main__":
+    name, args = sys.argv[1], sys.argv[2:]
+    print(json.dumps(FUNCS[name](*args)))  # type: ignore[operator]

@@ -1,0 +1,123 @@
+"""GPU telemetry of a running job: the samples its nodes keep (``JOB/telemetry/node-K.jsonl``, written by
+``templates/_telemetry.sh.j2``), read for `status --gpus` and `top`, and the ``policies.min_gpu_util`` rule.
+
+Whoever follows a job calls :func:`enforce_min_gpu_util` now and then (every minute is plenty): it warns, or
+with ``action: stop`` cancels the job through its backend, when every GPU of the cluster stayed under
+``percent`` for ``minutes``."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gtrain.errors import RemoteError
+from gtrain.remote.fanout import parallel
+
+if TYPE_CHECKING:
+    from gtrain.context import Context
+    from gtrain.health.model import MinGpuUtil
+    from gtrain.state import Cluster
+    from gtrain.state import Job as JobRecord
+
+#: samples asked of each node: 1 h of 10 s samples for 8 GPUs would be 2880; the policy window needs less
+SAMPLES = 2000
+
+
+@dataclass
+class NodeTelemetry:
+    node: int
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+
+    def latest(self) -> list[dict[str, Any]]:
+        """The newest sample of each GPU, in GPU order."""
+        last: dict[int, dict[str, Any]] = {}
+        for s in self.samples:
+            if isinstance(s, dict) and isinstance(s.get("gpu"), int):
+                last[s["gpu"]] = s
+        return [last[g] for g in sorted(last)]
+
+    def steps_per_s(self) -> float | None:
+        """From the job's metrics file, when it reports ``step`` with a time (``t``/``time``/``timestamp``)."""
+        raw = [(m.get("t", m.get("time", m.get("timestamp"))), m.get("step")) for m in self.metrics[-2:]]
+        pts = [(float(t), float(s)) for t, s in raw if isinstance(t, int | float) and isinstance(s, int | float)]
+        if len(pts) == 2 and pts[1][0] > pts[0][0]:
+            return (pts[1][1] - pts[0][1]) / (pts[1][0] - pts[0][0])
+        return None
+
+
+def read(cluster: Cluster, job: JobRecord, ctx: Context, samples: int = SAMPLES) -> list[NodeTelemetry]:
+    """Every node's telemetry of ``job`` (a node that cannot be asked: ``error`` set)."""
+    from gtrain.health.checks import call_node
+    from gtrain.jobs.nodescript import job_dir
+
+    runners = ctx.runners(cluster)
+    metrics = str(job.info.get("metrics_file") or "")
+
+    def one(i: int) -> NodeTelemetry:
+        r = runners[i]
+        jd = job_dir(r, job.id)
+        try:
+            doc = call_node(r, "telemetry", jd, str(samples), metrics or f"{jd}/metrics.jsonl", timeout=30)
+        except (RemoteError, ValueError) as e:
+            return NodeTelemetry(i, error=getattr(e, "message", str(e)))
+        return NodeTelemetry(i, list(doc.get("samples") or []), list(doc.get("metrics") or []))
+
+    return parallel(one, list(range(len(runners))))
+
+
+def rows(tele: list[NodeTelemetry], now: float | None = None) -> list[list[Any]]:
+    """Table rows: node, GPU, util %, memory used/total MiB, temperature C, power W, steps/s, sample age."""
+    now = now or time.time()
+    out: list[list[Any]] = []
+    for t in tele:
+        if t.error or not t.latest():
+            out.append([t.node, "-", "-", "-", "-", "-", _fmt(t.steps_per_s()), t.error or "no samples"])
+            continue
+        for s in t.latest():
+            out.append([t.node, s["gpu"], _fmt(s.get("util"), "%"), f"{_fmt(s.get('mem_used'))}/"
+                        f"{_fmt(s.get('mem_total'))} MiB", _fmt(s.get("temp"), " C"), _fmt(s.get("power"), " W"),
+                        _fmt(t.steps_per_s()), f"{max(0.0, now - float(s.get('t') or now)):.0f}s ago"])
+    return out
+
+
+def _fmt(v: Any, unit: str = "") -> str:
+    if not isinstance(v, int | float):
+        return "-"
+    return f"{v:.3g}{unit}" if isinstance(v, float) and not float(v).is_integer() else f"{int(v)}{unit}"
+
+
+def idle_for(tele: list[NodeTelemetry], policy: MinGpuUtil, now: float | None = None) -> float | None:
+    """Seconds every GPU of the cluster has been under ``policy.percent`` (None: not idle, or the samples do
+    not cover the policy's window yet)."""
+    now = now or time.time()
+    samples = [s for t in tele for s in t.samples if isinstance(s, dict) and isinstance(s.get("t"), int | float)]
+    if not samples or any(t.error for t in tele):
+        return None
+    busy = [float(s["t"]) for s in samples if isinstance(s.get("util"), int | float) and s["util"] >= policy.percent]
+    since = max(busy) if busy else min(float(s["t"]) for s in samples)
+    idle = now - since
+    return idle if idle >= policy.minutes * 60 else None
+
+
+def enforce_min_gpu_util(cluster: Cluster, job: JobRecord, ctx: Context, policy: MinGpuUtil | None = None,
+                         now: float | None = None) -> str | None:
+    """Apply ``policies.min_gpu_util`` to a running job: the warning given (and the job stopped with
+    ``action: stop``), or None when the GPUs are busy enough (or there is no policy / no telemetry)."""
+    if policy is None:
+        policy = ctx.spec_of(cluster).policies.min_gpu_util
+    if policy is None:
+        return None
+    idle = idle_for(read(cluster, job, ctx, max(SAMPLES, int(policy.minutes * 6 * 16) + 16)), policy, now)
+    if idle is None:
+        return None
+    msg = (f"job {job.id}: every GPU under {policy.percent:g}% utilisation for {idle / 60:.0f} min "
+           f"(policies.min_gpu_util: {policy.minutes:g} min)")
+    if policy.action == "stop":
+        ctx.report.warn(msg + "; stopping the job")
+        ctx.backend(cluster).cancel(job, grace_s=10)
+    else:
+        ctx.report.warn(msg + f"; `gtrain cancel {cluster.name}` stops it")
+    return msg
