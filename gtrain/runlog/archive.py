@@ -143,13 +143,13 @@ def _write_job_json(dest: Path, cluster: Cluster, job: Job) -> None:
 def _remote_files(runner: Runner, jdir: str, tb_dir: str | None) -> list[tuple[int, str, str]]:
     """(size, remote path, archive-relative path) of the node's metric, telemetry and TensorBoard files."""
     q = shlex.quote(jdir)
-    cmd = (f"for f in {q}/metrics/*.jsonl {q}/telemetry/*.jsonl; do [ -f \"$f\" ] && "
-           "printf '%s\\t%s\\n' \"$(wc -c <\"$f\")\" \"$f\"; done; ")
+    show = "printf '%s\\t%s\\n' \"$(wc -c <\"$f\")\" \"$f\""
+    parts = [f'for f in {q}/metrics/*.jsonl {q}/telemetry/*.jsonl; do if [ -f "$f" ]; then {show}; fi; done']
     if tb_dir:
         t = shlex.quote(tb_dir)
-        cmd += (f"[ -d {t} ] && find {t} -type f -name 'events.out.tfevents.*' | while IFS= read -r f; do "
-                "printf '%s\\t%s\\n' \"$(wc -c <\"$f\")\" \"$f\"; done")
-    res = runner.run(cmd + "; true", check=False, timeout=60)
+        parts.append(f"if [ -d {t} ]; then find {t} -type f -name 'events.out.tfevents.*' | "
+                     f'while IFS= read -r f; do {show}; done; fi')
+    res = runner.run("; ".join(parts), check=True, timeout=60)
     out = []
     for line in res.stdout.splitlines():
         size, _, path = line.partition("\t")

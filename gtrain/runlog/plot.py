@@ -44,6 +44,7 @@ def frame(runs: Sequence[RunData], metric: str, *, x: str = "step", width: int =
     from gtrain.runlog.model import downsample
 
     plt = _plotext()
+    plt.terminal.limit(False, False)  # the size asked for is the size drawn (piped output has no terminal)
     f = plt.figure
     f.clear()
     f.plot_size(max(20, width), max(8, height))
@@ -74,8 +75,6 @@ def plot(cluster: str, *, job_ids: Sequence[str] = (), metric: str | None = None
          report: Any = None) -> str:
     """Draw the chart through ``write(text, first)``; with ``follow``, fetch new points and redraw every
     ``interval`` seconds until every job has ended. Returns the metric drawn."""
-    import shutil
-
     from gtrain.runlog import archive
     from gtrain.runlog.service import _ctx, collect
 
@@ -83,7 +82,7 @@ def plot(cluster: str, *, job_ids: Sequence[str] = (), metric: str | None = None
         raise ConfigError(f"--x {x}: give step or time", field="--x")
     _plotext()  # fail before any work when it is missing
     ctx = _ctx(report)
-    get_size = size or (lambda: tuple(shutil.get_terminal_size((80, 24))))  # type: ignore[return-value]
+    get_size = size or terminal_size
     try:
         c = archive.find_cluster(ctx.store, cluster)
         jobs = [archive.find_job(ctx.store, c, j) for j in (job_ids or [None])]  # type: ignore[list-item]
@@ -92,7 +91,7 @@ def plot(cluster: str, *, job_ids: Sequence[str] = (), metric: str | None = None
             runs = [collect(ctx, c, j, log_keys=log_keys) for j in jobs]
             name = pick_metric(runs, metric)
             w, h = get_size()
-            write(frame(runs, name, x=x, width=w, height=h - 1), first)
+            write(frame(runs, name, x=x, width=w, height=h - 2), first)  # room for the prompt
             first = False
             if not follow or not running:
                 return name
@@ -101,6 +100,23 @@ def plot(cluster: str, *, job_ids: Sequence[str] = (), metric: str | None = None
             running = _any_running(ctx, c, jobs)  # one more frame after the end: its last points
     finally:
         ctx.store.close()
+
+
+def terminal_size() -> tuple[int, int]:
+    """The terminal's size now (asked of stdout's terminal each frame, so --follow follows a resize; an exported
+    COLUMNS/LINES can be stale, e.g. from the shell a tmux pane started with); not a terminal: COLUMNS or 80x24."""
+    import os
+    import shutil
+    import sys
+
+    try:
+        ts = os.get_terminal_size(sys.stdout.fileno())
+        if ts.columns > 0 and ts.lines > 0:
+            return ts.columns, ts.lines
+    except (OSError, ValueError, AttributeError):
+        pass
+    ts = shutil.get_terminal_size((80, 24))
+    return ts.columns, ts.lines
 
 
 def _any_running(ctx: Any, cluster: Any, jobs: list[Any]) -> bool:
