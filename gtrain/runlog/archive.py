@@ -7,6 +7,7 @@
     runs/<cluster-id>/jobs/<job-id>/metrics/rank-R.jsonl     what rank R logged (gtrain.metrics / JSON lines)
     runs/<cluster-id>/jobs/<job-id>/telemetry/node-K.jsonl   GPU samples {"t","gpu","util","mem_used","mem_total"}
     runs/<cluster-id>/jobs/<job-id>/tensorboard/node-K/...   TensorBoard event files (job.env GTRAIN_TENSORBOARD_DIR)
+    runs/<cluster-id>/jobs/<job-id>/.cache/                  parsed metric columns (rebuilt when missing)
 
 Bounded: the last :data:`MAX_LOG_LINES` lines of each log file, metric/telemetry/event files up to
 :data:`MAX_FILE_BYTES` each, and the whole archive under ``$GTRAIN_ARCHIVE_MAX_MB`` (default 2048): the
@@ -264,6 +265,9 @@ def archive_job(ctx: Context, cluster: Cluster, job: Job, *, max_mb: float | Non
                 res.warnings.append(warn)
     for w in res.warnings:
         ctx.report.warn(w)
+    from gtrain.runlog.model import load_metrics
+
+    load_metrics(dest)  # parsed once now: the report and plot read the cached columns (ARCHIVE/.cache/)
     prune(ctx.store.home, max_mb=max_mb, keep=dest)
     return res
 

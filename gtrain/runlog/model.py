@@ -4,22 +4,35 @@ its archive folder (:mod:`gtrain.runlog.archive`) and the state store. The full 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import time
+from array import array
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gtrain.runlog.parse import ParseStats, Point, has_tensorboard, parse_kv_lines, read_jsonl, read_tensorboard
+from gtrain.runlog.parse import (
+    ParseStats,
+    Point,
+    has_tensorboard,
+    jsonl_records,
+    parse_kv_lines,
+    read_tensorboard,
+    record_values,
+)
 
 if TYPE_CHECKING:
     from gtrain.costs.report import CostLine
 
 #: ranks drawn per metric (the lowest ones)
 MAX_RANKS = 8
+#: the format of the parsed-metrics cache (``ARCHIVE/.cache/``); another version is parsed again
+CACHE_VERSION = 2
 
 
 @dataclass
@@ -160,14 +173,110 @@ def derived_events(cluster: dict[str, Any], job: dict[str, Any], recorded: Seque
     return sorted([*recorded, *extra], key=lambda e: float(e["t"]))
 
 
+def _merge(into: dict[tuple[str, int], Series], series: Iterable[Series]) -> None:
+    for s in series:
+        have = into.get((s.metric, s.rank))
+        if have is None:
+            into[(s.metric, s.rank)] = s
+        else:
+            have.x += s.x
+            have.y += s.y
+            have.t += s.t
+
+
+def _nan(values: list[Any]) -> array[float]:
+    return array("d", [math.nan if v is None else v for v in values])
+
+
+def _unnan(a: array[float]) -> list[float | None]:
+    return [None if v != v else v for v in a.tolist()]
+
+
+def _read_cache(cache: Path, size: int) -> dict[str, Any] | None:
+    """The cached columns of a metrics file: a JSON header line, then each series' x, y and t as doubles
+    (NaN for a gap); None when missing, of another version, or covering more than the file has now."""
+    try:
+        raw = cache.read_bytes()
+        nl = raw.index(b"\n")
+        head = json.loads(raw[:nl])
+        if head.get("v") != CACHE_VERSION or not 0 <= head["offset"] <= size:
+            return None
+        pos, cols = nl + 1, {}
+        for key, n in head["series"]:
+            parts = []
+            for _ in range(3):
+                a = array("d")
+                a.frombytes(raw[pos:pos + 8 * n])
+                pos += 8 * n
+                parts.append(a)
+            cols[key] = [parts[0].tolist(), _unnan(parts[1]), _unnan(parts[2])]
+        head["series"] = cols
+        return dict(head)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write_cache(cache: Path, state: dict[str, Any]) -> None:
+    cols = state["series"]
+    head = {**state, "series": [[k, len(c[0])] for k, c in cols.items()]}
+    body = b"".join(array("d", c[0]).tobytes() + _nan(c[1]).tobytes() + _nan(c[2]).tobytes() for c in cols.values())
+    with contextlib.suppress(OSError):  # a read-only archive: parse again next time
+        cache.parent.mkdir(exist_ok=True)
+        tmp = cache.with_name(cache.name + ".tmp")
+        tmp.write_bytes(json.dumps(head, separators=(",", ":")).encode() + b"\n" + body)
+        os.replace(tmp, cache)
+
+
+def read_metrics_file(path: Path, rank: int, cache_dir: Path | None, stats: ParseStats) -> list[Series]:
+    """One JSON-lines file's series. The parsed columns are cached in ``cache_dir`` with the byte offset they
+    cover, so a later read (the next report, each `plot --follow` frame) parses only the lines added since."""
+    cache = cache_dir / f"{path.name}.cols" if cache_dir is not None else None
+    size = path.stat().st_size
+    state = _read_cache(cache, size) if cache is not None else None
+    if state is None:
+        state = {"v": CACHE_VERSION, "offset": 0, "lines": 0, "skipped": 0, "series": {}}
+    if state["offset"] < size:
+        with open(path, "rb") as f:
+            f.seek(state["offset"])
+            data = f.read(size - state["offset"])
+        end = data.rfind(b"\n") + 1  # a torn last line waits for its end
+        if end:
+            st = ParseStats()
+            cols: dict[str, list[list[Any]]] = state["series"]
+            for rec in jsonl_records(data[:end], st):
+                step, t, r, values = record_values(rec, rank)
+                for key, v in values:
+                    col = cols.get(f"{key}\t{r}")
+                    if col is None:
+                        col = cols[f"{key}\t{r}"] = [[], [], []]
+                    col[0].append(step if step is not None else float(len(col[0])))
+                    col[1].append(v)
+                    col[2].append(t)
+            state["offset"] += end
+            state["lines"] += st.lines
+            state["skipped"] += st.skipped
+            if cache is not None:
+                _write_cache(cache, state)
+    out = []
+    for key, (x, y, t) in state["series"].items():
+        metric, _, r = key.rpartition("\t")
+        out.append(Series(metric, int(r), x, y, t))
+        stats.points += len(x)
+    stats.lines += state["lines"]
+    stats.skipped += state["skipped"]
+    return out
+
+
 def load_metrics(folder: Path, *, log_keys: Sequence[str] = (), stats: ParseStats | None = None,
                  notes: list[str] | None = None) -> list[Series]:
     """Every metric of a job's archive folder: ``metrics/rank-R.jsonl``, TensorBoard event files (when the
     reader is installed) and, for ``log_keys``, rank 0's log lines."""
     st = stats if stats is not None else ParseStats()
-    points: list[Point] = []
+    by: dict[tuple[str, int], Series] = {}
+    cache_dir = folder / ".cache" if folder.is_dir() else None
     for path in sorted((folder / "metrics").glob("*.jsonl"), key=lambda p: _rank_of(p, 0)):
-        points += read_jsonl(path, rank=_rank_of(path, 0), stats=st)
+        _merge(by, read_metrics_file(path, _rank_of(path, 0), cache_dir, st))
+    points: list[Point] = []
     tb = sorted((folder / "tensorboard").rglob("events.out.tfevents.*"))
     if tb and has_tensorboard():
         for path in tb:
@@ -176,7 +285,8 @@ def load_metrics(folder: Path, *, log_keys: Sequence[str] = (), stats: ParseStat
         notes.append(f"{len(tb)} TensorBoard event file(s) kept but not read: pip install 'gtrain[tensorboard]'")
     if log_keys:
         points += parse_kv_lines(_rank0_lines(folder), log_keys, stats=st)
-    return series_from_points(points)
+    _merge(by, series_from_points(points))
+    return list(by.values())
 
 
 def _rank0_lines(folder: Path) -> Iterable[str]:
@@ -188,10 +298,10 @@ def _rank0_lines(folder: Path) -> Iterable[str]:
 
 
 def load_run(folder: Path, cluster: dict[str, Any], job: dict[str, Any], *, costs: Sequence[CostLine] = (),
-             events: Sequence[dict[str, Any]] = (), log_keys: Sequence[str] = ()) -> RunData:
+             events: Sequence[dict[str, Any]] = (), log_keys: Sequence[str] = (), gpus: bool = True) -> RunData:
     run = RunData(cluster=cluster, job=job, spec=cluster.get("spec") or {}, archive=str(folder))
     run.series = load_metrics(folder, log_keys=log_keys, stats=run.stats, notes=run.notes)
-    run.gpus = read_gpus(folder / "telemetry")
+    run.gpus = read_gpus(folder / "telemetry") if gpus else []
     run.costs = list(costs)
     run.events = derived_events(cluster, job, [e for e in events if e.get("job") in (None, job.get("id"))])
     if run.stats.skipped:
@@ -202,22 +312,26 @@ def load_run(folder: Path, cluster: dict[str, Any], job: dict[str, Any], *, cost
 def downsample(x: Sequence[float], y: Sequence[float | None], n: int) -> tuple[list[float], list[float]]:
     """At most ``n`` points to draw: each of ``n // 2`` buckets keeps its lowest and highest value (spikes
     stay visible), in order. Gaps (None) are dropped."""
-    pts = [(a, b) for a, b in zip(x, y, strict=False) if b is not None]
-    if len(pts) <= n:
-        return [p[0] for p in pts], [p[1] for p in pts]
+    xs, ys = list(x), list(y)
+    if None in ys:
+        keep = [i for i, v in enumerate(ys) if v is not None]
+        xs, ys = [xs[i] for i in keep], [ys[i] for i in keep]
+    vals: list[float] = ys  # type: ignore[assignment]  # no None left
+    if len(vals) <= n:
+        return xs, vals
     buckets = max(1, n // 2)
-    size = len(pts) / buckets
+    size = len(vals) / buckets
     ox: list[float] = []
     oy: list[float] = []
     for b in range(buckets):
-        chunk = pts[int(b * size):int((b + 1) * size)]
-        if not chunk:
+        i, j = int(b * size), int((b + 1) * size)
+        if i >= j:
             continue
-        lo = min(range(len(chunk)), key=lambda i: chunk[i][1])
-        hi = max(range(len(chunk)), key=lambda i: chunk[i][1])
-        for i in sorted({lo, hi}):
-            ox.append(chunk[i][0])
-            oy.append(chunk[i][1])
+        chunk = vals[i:j]
+        lo, hi = chunk.index(min(chunk)), chunk.index(max(chunk))
+        for k in (lo, hi) if lo < hi else (hi, lo) if hi < lo else (lo,):
+            ox.append(xs[i + k])
+            oy.append(chunk[k])
     return ox, oy
 
 

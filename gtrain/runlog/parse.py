@@ -50,34 +50,61 @@ def _num(v: object) -> float | None | bool:
     return False
 
 
+def record_values(rec: dict[str, object], rank: int) -> tuple[float | None, float | None, int,
+                                                              list[tuple[str, float | None]]]:
+    """(step, t, rank, [(metric, value)]) of one JSON-lines record; None values are gaps (null, NaN, inf)."""
+    step = _num(rec.get("step"))
+    t = _num(rec.get("t", rec.get("time")))
+    r = rec.get("rank", rank)
+    r = r if isinstance(r, int) and not isinstance(r, bool) else rank
+    values = []
+    for key, value in rec.items():
+        if key in RESERVED:
+            continue
+        v = _num(value)
+        if v is not False:
+            values.append((key, v))
+    return (step if isinstance(step, float) else None, t if isinstance(t, float) else None, r,
+            values)  # type: ignore[return-value]  # v is float | None once False is filtered out
+
+
+def jsonl_records(data: bytes | Iterable[str | bytes], stats: ParseStats) -> list[dict[str, object]]:
+    """The JSON objects of JSON lines: the whole text in one decode when every line is sound (fast), else
+    line by line, skipping what is not an object."""
+    if isinstance(data, bytes | bytearray):
+        lines = [ln for ln in bytes(data).split(b"\n") if ln.strip()]
+        try:
+            recs = json.loads(b"[" + b",".join(lines) + b"]")
+            if all(isinstance(r, dict) for r in recs):
+                stats.lines += len(lines)
+                return recs  # type: ignore[no-any-return]
+        except ValueError:
+            pass
+    else:
+        lines = list(data)  # type: ignore[arg-type]
+    out = []
+    for raw in lines:
+        stats.lines += 1
+        try:
+            rec = json.loads(raw)
+        except ValueError:
+            stats.skipped += 1
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+        else:
+            stats.skipped += 1
+    return out
+
+
 def parse_jsonl(lines: Iterable[str | bytes], *, rank: int = 0, stats: ParseStats | None = None) -> Iterator[Point]:
     """Points from JSON lines; ``rank`` is used when a record has none."""
     st = stats if stats is not None else ParseStats()
-    loads = json.loads
-    for raw in lines:
-        st.lines += 1
-        try:
-            rec = loads(raw)
-        except ValueError:
-            st.skipped += 1
-            continue
-        if not isinstance(rec, dict):
-            st.skipped += 1
-            continue
-        step = _num(rec.get("step"))
-        t = _num(rec.get("t", rec.get("time")))
-        r = rec.get("rank", rank)
-        r = r if isinstance(r, int) and not isinstance(r, bool) else rank
-        s = step if isinstance(step, float) else None
-        tt = t if isinstance(t, float) else None
-        for key, value in rec.items():
-            if key in RESERVED:
-                continue
-            v = _num(value)
-            if v is False:
-                continue
+    for rec in jsonl_records(lines, st):
+        step, t, r, values = record_values(rec, rank)
+        for key, v in values:
             st.points += 1
-            yield Point(key, s, v, tt, r)  # type: ignore[arg-type]  # v is float | None here
+            yield Point(key, step, v, t, r)
 
 
 def read_jsonl(path: Path, *, rank: int = 0, stats: ParseStats | None = None) -> list[Point]:

@@ -16,12 +16,28 @@ X_AXES = ("step", "time")
 
 
 def _plotext() -> Any:
+    """plotext, imported without the help pages it builds at import (``plotext.doc``, unused here: about a
+    third of its import time, which counts against the first frame); should that ever break, a plain import."""
+    import importlib
+    import sys
+    import types
+
+    if "plotext" in sys.modules:
+        return sys.modules["plotext"]
+    stub = types.ModuleType("plotext._doc.doc")
+    stub.docs = None  # type: ignore[attr-defined]
+    sys.modules.setdefault("plotext._doc.doc", stub)
     try:
-        import plotext
+        return importlib.import_module("plotext")
     except ImportError as e:
-        raise ConfigError("gtrain plot needs plotext, which is not installed", field="plot",
-                          hint="pip install 'gtrain[plot]'") from e
-    return plotext
+        if e.name and e.name.split(".")[0] == "plotext" and "plotext" not in sys.modules:
+            raise ConfigError("gtrain plot needs plotext, which is not installed", field="plot",
+                              hint="pip install 'gtrain[plot]'") from e
+        raise
+    except Exception:  # noqa: BLE001 - a plotext that needs its docs: import it whole
+        for name in [m for m in sys.modules if m == "plotext" or m.startswith("plotext.")]:
+            del sys.modules[name]
+        return importlib.import_module("plotext")
 
 
 def pick_metric(runs: Sequence[RunData], metric: str | None) -> str:
@@ -88,7 +104,7 @@ def plot(cluster: str, *, job_ids: Sequence[str] = (), metric: str | None = None
         jobs = [archive.find_job(ctx.store, c, j) for j in (job_ids or [None])]  # type: ignore[list-item]
         first = running = True
         while True:
-            runs = [collect(ctx, c, j, log_keys=log_keys) for j in jobs]
+            runs = [collect(ctx, c, j, log_keys=log_keys, costs=False, gpus=False) for j in jobs]
             name = pick_metric(runs, metric)
             w, h = get_size()
             write(frame(runs, name, x=x, width=w, height=h - 2), first)  # room for the prompt

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from gtrain.context import Context
+    from gtrain.costs.report import CostLine
     from gtrain.events import Reporter
     from gtrain.runlog.model import RunData
     from gtrain.state import Cluster, Job
@@ -53,18 +54,30 @@ def refresh(ctx: Context, cluster: Cluster, job: Job, *, logs: bool = False) -> 
         ctx.report.warn(f"could not reach {cluster.name}'s nodes ({e.message}); showing what gtrain kept")
 
 
-def collect(ctx: Context, cluster: Cluster, job: Job, *, log_keys: Sequence[str] = (),
-            fresh: bool = True) -> RunData:
-    """The job's :class:`RunData`: metrics, GPU samples, cost lines, events."""
-    from gtrain.costs.report import cluster_cost
+def cost_lines(ctx: Context, cluster: Cluster) -> list[CostLine]:
+    """The cluster's cost lines: as `down` priced them when every interval is closed and priced (no provider
+    is loaded), else priced now by the provider (``gtrain cost``'s numbers)."""
+    from gtrain.costs.report import CostLine, cluster_cost
+
+    ivs = ctx.store.intervals(cluster.id)
+    if ivs and all(iv.stopped_at is not None and iv.cost_usd is not None for iv in ivs):
+        return [CostLine(iv.node_rank, iv.instance_type, iv.market, iv.started_at, iv.stopped_at,
+                         round(max(0.0, (iv.stopped_at or 0) - iv.started_at) / 3600, 6), iv.price_per_hour,
+                         round(iv.cost_usd or 0.0, 6), iv.estimate, iv.note) for iv in ivs]
+    return cluster_cost(ctx.store, cluster, ctx.provider(cluster.provider)).lines
+
+
+def collect(ctx: Context, cluster: Cluster, job: Job, *, log_keys: Sequence[str] = (), fresh: bool = True,
+            costs: bool = True, gpus: bool = True) -> RunData:
+    """The job's :class:`RunData`: metrics, events, GPU samples and cost lines (unless not ``gpus``/``costs``)."""
     from gtrain.runlog.model import load_run
 
     if fresh:
         refresh(ctx, cluster, job, logs=bool(log_keys))
     home = ctx.store.home
-    costs = cluster_cost(ctx.store, cluster, ctx.provider(cluster.provider)).lines
-    return load_run(archive.job_dir(home, cluster.id, job.id), _cluster_dict(cluster), _job_dict(job), costs=costs,
-                    events=archive.read_events(home, cluster.id), log_keys=log_keys)
+    return load_run(archive.job_dir(home, cluster.id, job.id), _cluster_dict(cluster), _job_dict(job),
+                    costs=cost_lines(ctx, cluster) if costs else (),
+                    events=archive.read_events(home, cluster.id), log_keys=log_keys, gpus=gpus)
 
 
 def default_report_path(cluster: str, next_to: Path | None = None) -> Path:
