@@ -232,9 +232,12 @@ def read_metrics_file(path: Path, rank: int, cache_dir: Path | None, stats: Pars
     cover, so a later read (the next report, each `plot --follow` frame) parses only the lines added since."""
     cache = cache_dir / f"{path.name}.cols" if cache_dir is not None else None
     size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(64).decode("latin-1")  # a file rewritten in place (not appended to) is parsed again
     state = _read_cache(cache, size) if cache is not None else None
-    if state is None:
-        state = {"v": CACHE_VERSION, "offset": 0, "lines": 0, "skipped": 0, "series": {}}
+    if state is None or not head.startswith(state.get("head", "")[:len(head)]):
+        state = {"v": CACHE_VERSION, "offset": 0, "lines": 0, "skipped": 0, "series": {}, "head": head}
+    state["head"] = head
     if state["offset"] < size:
         with open(path, "rb") as f:
             f.seek(state["offset"])

@@ -172,3 +172,27 @@ def test_prune_deletes_the_oldest_jobs_first_never_the_kept_one(tmp_path: Path) 
     assert deleted == [dirs[2]]  # 1.6 MB > 1.3 MB: the oldest (j1) is kept on request, the next oldest goes
     assert archive.prune(tmp_path, max_mb=0.5) == [dirs[1], dirs[3]]
     assert [p.name for p in (tmp_path / "runs" / "c" / "jobs").iterdir()] == ["j0"]
+
+
+def test_parsed_columns_are_cached_and_grow_with_the_file(tmp_path: Path) -> None:
+    from gtrain.runlog.model import load_metrics
+
+    d = tmp_path / "job"
+    (d / "metrics").mkdir(parents=True)
+    f = d / "metrics" / "rank-0.jsonl"
+    f.write_text('{"step": 0, "loss": 1.0}\n{"step": 1, "loss": null}\n{"step": 2, "lo')  # a rank mid-write
+    (s,) = load_metrics(d)
+    assert (s.x, s.y) == ([0.0, 1.0], [1.0, None])
+    assert list((d / ".cache").iterdir()) == [d / ".cache" / "rank-0.jsonl.cols"]
+    with open(f, "a") as fh:
+        fh.write('ss": 0.5}\n{"step": 3, "loss": 0.25, "acc": 0.9}\n')
+    st = ParseStats()
+    got = {x.metric: x for x in load_metrics(d, stats=st)}
+    assert (got["loss"].x, got["loss"].y) == ([0.0, 1.0, 2.0, 3.0], [1.0, None, 0.5, 0.25])
+    assert got["acc"].y == [0.9] and st.lines == 4
+    f.write_text('{"step": 9, "loss": 7.0}\n')  # rewritten shorter: parsed again from the start
+    assert [(x.x, x.y) for x in load_metrics(d)] == [([9.0], [7.0])]
+    f.write_text('{"step": 5, "loss": 3.0}\n{"step": 6, "loss": 2.0}\n')  # rewritten longer: the same
+    assert [(x.x, x.y) for x in load_metrics(d)] == [([5.0, 6.0], [3.0, 2.0])]
+    (d / ".cache" / "rank-0.jsonl.cols").write_bytes(b"garbage")  # a broken cache is ignored
+    assert [(x.x, x.y) for x in load_metrics(d)] == [([5.0, 6.0], [3.0, 2.0])]
