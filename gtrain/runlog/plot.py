@@ -105,9 +105,15 @@ def plot(cluster: str, *, job_ids: Sequence[str] = (), metric: str | None = None
         first = running = True
         while True:
             runs = [collect(ctx, c, j, log_keys=log_keys, costs=False, gpus=False) for j in jobs]
-            name = pick_metric(runs, metric)
             w, h = get_size()
-            write(frame(runs, name, x=x, width=w, height=h - 2), first)  # room for the prompt
+            try:
+                name = pick_metric(runs, metric)
+                text = frame(runs, name, x=x, width=w, height=h - 2)  # room for the prompt
+            except ConfigError:
+                if not (follow and running):
+                    raise
+                name, text = metric or "", f"waiting for {metric or 'metrics'} from {', '.join(j.id for j in jobs)}"
+            write(text, first)
             first = False
             if not follow or not running:
                 return name

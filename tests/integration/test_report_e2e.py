@@ -54,8 +54,16 @@ def ran(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]
             final = gtrain.wait("rep", job_id=launched.job_id)
             assert (final.status, final.exit_code) == ("succeeded", 0)
             jobs.append(launched.job_id)
+        # a third, slower job followed live by `gtrain plot --follow` (piped: one frame after another)
+        slow = work / "slow.yaml"
+        slow.write_text(spec.read_text().replace(f"--steps {STEPS}", f"--steps {STEPS} --step-sleep 0.25"))
+        live = gtrain.launch(slow, cluster="rep").job_id
+        follow = cli("plot", "rep", "--job", live, "--follow")
+        assert follow.returncode == 0, follow.stderr
+        frames = [f for f in follow.stdout.split("\n\n") if f.strip()]
         ctx = Context()
         c = ctx.cluster("rep")
+        assert ctx.store.get_job(live).status == "succeeded"  # it ended with the job
         # what the lead wires into launch/recovery/down: events, and the archive before the nodes go
         archive.record_event(ctx.store.home, c.id, "recovery", node=1, job=jobs[0], msg="node 1 preempted")
         for j in jobs:
@@ -63,7 +71,7 @@ def ran(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]
             assert not res.warnings, res.warnings
         ctx.store.close()
         gtrain.down("rep")
-        yield {"home": home, "work": work, "jobs": jobs, "cluster_id": c.id}
+        yield {"home": home, "work": work, "jobs": jobs, "cluster_id": c.id, "live": live, "frames": frames}
     finally:
         os.environ["GTRAIN_HOME"] = str(home)
         gtrain.down("rep")
@@ -78,6 +86,14 @@ def env_home(ran: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("GTRAIN_HOME", str(ran["home"]))
     monkeypatch.setenv("NO_COLOR", "1")
     return Path(str(ran["home"]))
+
+
+def test_plot_follow_redraws_a_live_job_until_it_ends(ran: dict[str, object], env_home: Path) -> None:
+    frames = list(ran["frames"])  # type: ignore[call-overload]
+    assert len(frames) >= 2, frames  # redrawn while it ran
+    assert "┌" in frames[-1] and "loss" in frames[-1].splitlines()[0]
+    d = archive.job_dir(env_home, str(ran["cluster_id"]), str(ran["live"]))
+    assert len((d / "metrics" / "rank-0.jsonl").read_text().splitlines()) == STEPS  # the last frame had it all
 
 
 def test_archive_keeps_logs_metrics_and_telemetry_after_down(ran: dict[str, object], env_home: Path) -> None:

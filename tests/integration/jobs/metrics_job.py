@@ -12,6 +12,7 @@ import gtrain.metrics
 ap = argparse.ArgumentParser()
 ap.add_argument("--steps", type=int, default=20)
 ap.add_argument("--scale", type=float, default=1.0)
+ap.add_argument("--step-sleep", type=float, default=0.0)
 args = ap.parse_args()
 
 rank = int(os.environ["RANK"])
@@ -19,6 +20,7 @@ for step in range(args.steps):
     gtrain.metrics.log(step=step, loss=args.scale / (step + 1) + 0.01 * rank, lr=1e-3)
     if rank == 0:
         print(f"step {step} tok_s={1000 + step}", flush=True)
+    time.sleep(args.step_sleep)
 if os.environ.get("LOCAL_RANK") == "0":
     job = Path(os.environ["GTRAIN_METRICS_FILE"]).parent.parent
     (job / "telemetry").mkdir(exist_ok=True)
