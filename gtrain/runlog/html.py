@@ -13,6 +13,8 @@ from gtrain.runlog.model import RunData, cost_curves, downsample
 
 #: points drawn per line at most (the archive keeps every point)
 DISPLAY_POINTS = 1200
+#: points drawn over all metric lines at most (~12 bytes each: the report stays well under 2 MB)
+POINT_BUDGET = 100_000
 EVENT_COLORS = {"recovery": "#d62728", "launch": "#2ca02c", "preflight": "#9467bd", "up": "#1f77b4",
                 "down": "#555", "end": "#ff7f0e"}
 
@@ -40,7 +42,10 @@ def _duration(seconds: float | None) -> str:
 
 
 def metric_charts(run: RunData, points: int = DISPLAY_POINTS) -> list[svg.Chart]:
+    """A chart per metric, a line per rank; many lines share :data:`POINT_BUDGET` (the file stays small)."""
     charts = []
+    lines_total = sum(len(run.of(m)) for m in run.metrics())
+    points = max(20, min(points, POINT_BUDGET // max(1, lines_total)))
     for metric in run.metrics():
         lines = []
         for s in run.of(metric):

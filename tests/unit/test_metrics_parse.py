@@ -196,3 +196,19 @@ def test_parsed_columns_are_cached_and_grow_with_the_file(tmp_path: Path) -> Non
     assert [(x.x, x.y) for x in load_metrics(d)] == [([5.0, 6.0], [3.0, 2.0])]
     (d / ".cache" / "rank-0.jsonl.cols").write_bytes(b"garbage")  # a broken cache is ignored
     assert [(x.x, x.y) for x in load_metrics(d)] == [([5.0, 6.0], [3.0, 2.0])]
+
+
+def test_many_metrics_and_ranks_share_the_point_budget(tmp_path: Path) -> None:
+    from gtrain.runlog.html import POINT_BUDGET, metric_charts, render_report
+
+    d = tmp_path / "job"
+    (d / "metrics").mkdir(parents=True)
+    for rank in range(8):
+        with open(d / "metrics" / f"rank-{rank}.jsonl", "w") as f:
+            for s in range(5000):
+                f.write(json.dumps({"step": s, **{f"m{k}": (s * (k + 1)) % 97 + rank for k in range(30)}}) + "\n")
+    run = load_run(d, {"name": "c", "id": "cid"}, {"id": "j"})
+    assert run.points == 8 * 30 * 5000
+    drawn = sum(len(ln.x) for c in metric_charts(run) for ln in c.lines)
+    assert drawn <= POINT_BUDGET
+    assert len(render_report(run).encode()) <= 2 * 2**20
