@@ -272,6 +272,21 @@ def archive_job(ctx: Context, cluster: Cluster, job: Job, *, max_mb: float | Non
     return res
 
 
+def archive_cluster(ctx: Context, cluster: Cluster) -> list[ArchiveResult]:
+    """Archive every job of ``cluster`` not kept yet in its final state (what `down` calls before deleting
+    the nodes). A job archived after it ended is not fetched again."""
+    out = []
+    for job in ctx.store.jobs(cluster.id):
+        kept = job_dir(ctx.store.home, cluster.id, job.id) / "job.json"
+        try:
+            done = json.loads(kept.read_text()).get("job", {}).get("ended_at") is not None
+        except (OSError, ValueError, AttributeError):
+            done = False
+        if not done:
+            out.append(archive_job(ctx, cluster, job))
+    return out
+
+
 # ---- reading back --------------------------------------------------------------------------------------
 
 

@@ -66,9 +66,9 @@ def ran(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]
         assert ctx.store.get_job(live).status == "succeeded"  # it ended with the job
         # what the lead wires into launch/recovery/down: events, and the archive before the nodes go
         archive.record_event(ctx.store.home, c.id, "recovery", node=1, job=jobs[0], msg="node 1 preempted")
-        for j in jobs:
-            res = archive.archive_job(ctx, c, ctx.store.get_job(j))
+        for res in archive.archive_cluster(ctx, c):
             assert not res.warnings, res.warnings
+        assert archive.archive_cluster(ctx, c) == []  # kept once they ended
         ctx.store.close()
         gtrain.down("rep")
         yield {"home": home, "work": work, "jobs": jobs, "cluster_id": c.id, "live": live, "frames": frames}
