@@ -20,13 +20,14 @@ import math
 import os
 import threading
 import time
+from typing import IO
 
 __all__ = ["log", "flush", "metrics_file"]
 
 ENV = "GTRAIN_METRICS_FILE"
 
 _lock = threading.Lock()
-_state: dict[str, object] = {}
+_state: dict[str, IO[str] | str] = {}
 
 
 def metrics_file() -> str | None:
@@ -47,15 +48,16 @@ def _number(value: object) -> float | int | None | bool:
     return f if math.isfinite(f) else None
 
 
-def _handle(path: str):  # type: ignore[no-untyped-def]
+def _handle(path: str) -> IO[str]:
     f = _state.get("file")
-    if f is None or _state.get("path") != path:
-        if f is not None:
-            f.close()  # type: ignore[attr-defined]
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        f = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - kept open across calls
-        _state["file"], _state["path"] = f, path
-    return f
+    if not isinstance(f, str) and f is not None and _state.get("path") == path:
+        return f
+    if f is not None and not isinstance(f, str):
+        f.close()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    new = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - kept open across calls
+    _state["file"], _state["path"] = new, path
+    return new
 
 
 def log(step: int | float | None = None, **scalars: object) -> None:
@@ -89,5 +91,5 @@ def flush() -> None:
     """Flush the file (each line is already written through; this is for the paranoid)."""
     with _lock:
         f = _state.get("file")
-        if f is not None:
-            f.flush()  # type: ignore[attr-defined]
+        if f is not None and not isinstance(f, str):
+            f.flush()

@@ -212,3 +212,25 @@ def test_many_metrics_and_ranks_share_the_point_budget(tmp_path: Path) -> None:
     drawn = sum(len(ln.x) for c in metric_charts(run) for ln in c.lines)
     assert drawn <= POINT_BUDGET
     assert len(render_report(run).encode()) <= 2 * 2**20
+
+
+def test_node_listing_finds_metrics_telemetry_and_tensorboard_files(tmp_path: Path) -> None:
+    """What fetch_files asks a node (a real bash on a local runner): sizes and archive paths."""
+    from gtrain.remote.local import LocalRunner
+
+    root = tmp_path / "node"
+    jd = root / "jobs" / "j 1"
+    (jd / "metrics").mkdir(parents=True)
+    (jd / "metrics" / "rank-3.jsonl").write_text('{"loss": 1}\n')
+    (jd / "telemetry").mkdir()
+    (jd / "telemetry" / "node-1.jsonl").write_text("")
+    tb = root / "workdir" / "runs" / "exp a"
+    tb.mkdir(parents=True)
+    (tb / "events.out.tfevents.1.host").write_bytes(b"x" * 7)
+    (tb / "other.txt").write_text("no")
+    got = archive._remote_files(LocalRunner(root), str(jd), str(root / "workdir" / "runs"))
+    assert sorted(got) == [(0, str(jd / "telemetry" / "node-1.jsonl"), "telemetry/node-1.jsonl"),
+                           (7, str(tb / "events.out.tfevents.1.host"), "tensorboard/node-{node}/exp a/"
+                                                                      "events.out.tfevents.1.host"),
+                           (12, str(jd / "metrics" / "rank-3.jsonl"), "metrics/rank-3.jsonl")]
+    assert archive._remote_files(LocalRunner(root), str(root / "jobs" / "none"), None) == []
