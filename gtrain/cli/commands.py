@@ -19,6 +19,10 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("pull", "job_cmds", "Bring checkpoint_dir back, every file verified by sha256; re-runs move only what changed."),
     ("run", "job_cmds", "up + launch --wait + pull + down, in one command; exits with the job's own exit code."),
     ("cancel", "job_cmds", "Stop the cluster's running job (or --job ID); the nodes and their files stay."),
+    ("plot", "report_cmds", "A metric of one or more jobs as a terminal chart; works after `down`, from what "
+                            "gtrain kept."),
+    ("report", "report_cmds", "One self-contained HTML report of a job: metrics, cost over time, GPU use, events, "
+                              "spec, summary."),
     ("cost", "cost_cmds", "What every cluster ever run cost (running ones: so far)."),
     ("catalog", "cost_cmds", "GPU instance offers from the catalog (shipped, or your refreshed copy), cheapest first."),
     ("gc", "gc_cmds", "List resources tagged by gtrain that no live cluster in state owns; delete them with --yes."),

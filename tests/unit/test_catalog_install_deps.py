@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-PROGRAMS = ("sshd", "ssh", "ssh-keygen", "rsync", "ip", "ps", "pkill", "unshare", "nsenter", "slurmctld", "slurmd",
-            "sbatch", "munged")
+PROGRAMS = ("sshd", "ssh", "ssh-keygen", "rsync", "ip", "ps", "pkill", "unshare", "nsenter", "tmux",
+            "chromium", "chromedriver", "slurmctld", "slurmd", "sbatch", "munged")
 
 
 def _fake_bin(tmp_path: Path, present: tuple[str, ...]) -> Path:
@@ -44,8 +44,8 @@ def test_check_lists_every_missing_package_once(repo_root: Path, tmp_path: Path)
     assert r.returncode == 1
     line = next(ln for ln in r.stderr.splitlines() if "missing" in ln)
     pkgs = line.split("(packages: ")[1].rstrip(")").split()
-    assert pkgs == ["openssh-server", "openssh-client", "rsync", "iproute2", "procps", "util-linux", "slurm-wlm",
-                    "slurm-client", "munge"]
+    assert pkgs == ["openssh-server", "openssh-client", "rsync", "iproute2", "procps", "util-linux", "tmux", "chromium",
+                    "chromium-driver", "slurm-wlm", "slurm-client", "munge"]
 
 
 @pytest.mark.parametrize("args", [("--check",), ()])

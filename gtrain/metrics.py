@@ -1,0 +1,95 @@
+"""Log training metrics from the job, for `gtrain plot` and `gtrain report`.
+
+    import gtrain.metrics
+    gtrain.metrics.log(step=step, loss=loss.item(), lr=sched.get_last_lr()[0])
+
+Each call appends one JSON object to ``$GTRAIN_METRICS_FILE`` (gtrain sets it on every rank:
+``JOB/metrics/rank-R.jsonl``): ``{"t": <epoch seconds>, "step": 12, "rank": 0, "loss": 0.53, ...}``. Any
+language can do the same: one JSON object per line, numbers for values, ``step`` and ``t`` optional.
+
+This module is the one piece of gtrain a job imports on a node: standard library only, no other gtrain
+import, and it works when it is the only gtrain file there. Outside a gtrain job (no ``$GTRAIN_METRICS_FILE``)
+:func:`log` does nothing, so a script runs unchanged on a laptop. It never raises for a value it cannot
+store: non-numbers are dropped, NaN and infinities are written as ``null``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import time
+from typing import IO
+
+__all__ = ["log", "flush", "metrics_file"]
+
+ENV = "GTRAIN_METRICS_FILE"
+
+_lock = threading.Lock()
+_state: dict[str, IO[str] | str] = {}
+
+
+def metrics_file() -> str | None:
+    """The file this process logs to, or None outside a gtrain job."""
+    return os.environ.get(ENV) or None
+
+
+def _number(value: object) -> float | int | None | bool:
+    """A JSON-safe number for ``value``, None for NaN/inf; False means: not a number, drop it."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    try:
+        f = float(value)  # type: ignore[arg-type]  # floats, numpy scalars, 0-d tensors
+    except (TypeError, ValueError):
+        return False
+    return f if math.isfinite(f) else None
+
+
+def _handle(path: str) -> IO[str]:
+    f = _state.get("file")
+    if not isinstance(f, str) and f is not None and _state.get("path") == path:
+        return f
+    if f is not None and not isinstance(f, str):
+        f.close()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    new = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - kept open across calls
+    _state["file"], _state["path"] = new, path
+    return new
+
+
+def log(step: int | float | None = None, **scalars: object) -> None:
+    """Append one record: ``step`` (optional) and named scalar values, stamped with the time and the rank."""
+    path = metrics_file()
+    if path is None:
+        return
+    rec: dict[str, object] = {"t": round(time.time(), 3)}
+    if step is not None:
+        s = _number(step)
+        if s is not False and s is not None:
+            rec["step"] = s
+    rank = os.environ.get("RANK")
+    if rank is not None and rank.isdigit():
+        rec["rank"] = int(rank)
+    for key, value in scalars.items():
+        if key in ("t", "rank"):
+            continue
+        v = _number(value)
+        if v is not False:
+            rec[key] = v
+    line = json.dumps(rec, separators=(",", ":"), allow_nan=False) + "\n"
+    with _lock:
+        try:
+            _handle(path).write(line)
+        except OSError:  # a full or vanished disk must not crash training
+            _state.pop("file", None)
+
+
+def flush() -> None:
+    """Flush the file (each line is already written through; this is for the paranoid)."""
+    with _lock:
+        f = _state.get("file")
+        if f is not None and not isinstance(f, str):
+            f.flush()
