@@ -97,6 +97,12 @@ def logs(cluster: str, *, job_id: str | None = None, follow: bool = False, tail:
 
     ctx = _ctx(report)
     try:
+        gone = ctx.store.find_cluster(cluster)
+        if gone is not None and gone.status == "terminated":  # the lines gtrain kept at `down`
+            from gtrain.runlog import archive
+
+            return archive.logs_from_archive(ctx.store, cluster, job_id=job_id, on_line=on_line, node=node,
+                                             rank=rank, tail=tail)
         c = ctx.cluster(cluster)
         if node is not None and not 0 <= node < c.num_nodes:
             raise ConfigError(f"--node {node}: cluster {cluster} has nodes 0..{c.num_nodes - 1}", field="--node")
@@ -138,20 +144,49 @@ def pull(cluster: str, *, job_id: str | None = None, to: str | os.PathLike[str] 
         dest = Path(to) if to else default_pull_dest(cluster, ckpt)
         picked = range(len(runners)) if node is None else [node]
         ctx.report.info(f"pulling {ckpt}/ from {'every node' if node is None else f'node {node}'} to {dest}")
-        return pull_dir([(i, runners[i], f"{runners[i].root}/workdir/{ckpt}") for i in picked], dest,
-                        report=ctx.report)
+        res = pull_dir([(i, runners[i], f"{runners[i].root}/workdir/{ckpt}") for i in picked], dest,
+                       report=ctx.report)
+        if job is not None:  # the report of the run goes next to its checkpoints
+            now = ctx.store.get_job(job.id)
+            ctx.store.update_job(job.id, status=now.status, exit_code=now.exit_code,
+                                 info={**now.info, "pulled_to": str(res.dest)})
+        return res
     finally:
         ctx.store.close()
 
 
-def down(cluster: str, *, report: Reporter | None = None) -> DownResult:
+def down(cluster: str, *, report: Reporter | None = None, html_report: bool = False) -> DownResult:
+    """Stop jobs, delete everything the cluster has, price it. With ``html_report``, also write the newest
+    job's HTML report (next to where its checkpoints were pulled, else in the run archive)."""
     from gtrain import cluster as cl
 
     ctx = _ctx(report)
     try:
-        return cl.down(cluster, ctx)
+        res = cl.down(cluster, ctx)
+        if html_report and not res.already_down:
+            res.report = _html_report(ctx, cluster, None)
+        return res
     finally:
         ctx.store.close()
+
+
+def _html_report(ctx: Context, cluster: str, job_id: str | None, next_to: Path | None = None) -> str | None:
+    """Write the job's report (``gtrain report``'s file); a failure is a warning, never the command's."""
+    from gtrain.errors import GtrainError
+    from gtrain.runlog import archive
+    from gtrain.runlog.service import write_report
+
+    try:
+        c = archive.find_cluster(ctx.store, cluster)
+        job = archive.find_job(ctx.store, c, job_id)
+        pulled = job.info.get("pulled_to")
+        if next_to is None and pulled:
+            next_to = Path(str(pulled))
+        out = None if next_to is not None else archive.job_dir(ctx.store.home, c.id, job.id) / "report.html"
+        return str(write_report(ctx, c, job, out, next_to=next_to, fresh=False))
+    except (GtrainError, OSError, ValueError) as e:
+        ctx.report.warn(f"no report written: {getattr(e, 'message', e)}")
+        return None
 
 
 def status(cluster: str | None = None, *, refresh: bool = True, report: Reporter | None = None) -> list[dict[str, Any]]:
@@ -183,17 +218,19 @@ class RunResult:
     pulled: PullResult | None = None
     down: DownResult | None = None
     errors: list[str] = field(default_factory=list)
+    report: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "cluster": self.cluster, "job_id": self.job_id, "exit_code": self.exit_code, "status": self.status,
             "pulled": self.pulled.to_dict() if self.pulled else None,
-            "down": self.down.to_dict() if self.down else None, "errors": self.errors,
+            "down": self.down.to_dict() if self.down else None, "errors": self.errors, "report": self.report,
         }
 
 
 def run(spec: Any, *, name: str | None = None, keep: bool = False, to: str | os.PathLike[str] | None = None,
-        on_line: Callable[[LogLine], None] | None = None, report: Reporter | None = None) -> RunResult:
+        on_line: Callable[[LogLine], None] | None = None, report: Reporter | None = None,
+        html_report: bool = False) -> RunResult:
     """up + launch + wait + pull + down. The cluster is torn down whatever happens (unless ``keep``),
     Ctrl+C included, so nothing is left running that nobody watches."""
     from gtrain.errors import GtrainError
@@ -225,6 +262,12 @@ def run(spec: Any, *, name: str | None = None, keep: bool = False, to: str | os.
     finally:
         if not keep and (created or res.job_id) and res.down is None and res.status != "interrupted":
             res.down = down(parsed.name, report=rep)
+    if html_report and res.job_id:  # next to the pulled checkpoints (`gtrain run` writes it unless --no-report)
+        ctx = _ctx(rep)
+        try:
+            res.report = _html_report(ctx, parsed.name, res.job_id, Path(res.pulled.dest) if res.pulled else None)
+        finally:
+            ctx.store.close()
     return res
 
 

@@ -80,6 +80,7 @@ def up(spec: ClusterSpec, ctx: Context, *, dry_run: bool = False, keep_failed: b
             raise
         _open_intervals(ctx.store, cluster, plan, started)
         ctx.store.update_cluster(cluster.id, status="up")
+        ctx.event(cluster, "up", msg=f"{plan.num_nodes} {plan.provider} node(s) {plan.instance_type or ''}".strip())
         return UpResult(plan, ctx.store.get_cluster_by_id(cluster.id), True)
 
 
@@ -140,10 +141,12 @@ class DownResult:
     already_down: bool
     cost: CostReport
     warnings: list[str] = field(default_factory=list)
+    #: the run's HTML report, when one was written (`gtrain down` writes it unless --no-report)
+    report: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"cluster": self.cluster, "already_down": self.already_down, "warnings": self.warnings,
-                "cost": self.cost.to_dict()}
+                "cost": self.cost.to_dict(), "report": self.report}
 
 
 def down(name: str, ctx: Context) -> DownResult:
@@ -177,6 +180,7 @@ def _teardown(ctx: Context, provider: Provider, cluster: Cluster) -> list[str]:
     except GtrainError as e:  # an unreachable node must not keep us from deleting what costs money
         warnings.append(f"could not stop jobs cleanly: {e.message}")
         ctx.report.warn(warnings[-1])
+    _keep_runs(ctx, cluster, warnings)
     ended = _ended_on_their_own(cluster, provider, ctx)
     ctx.report.info(f"terminating {cluster.num_nodes} node(s) of {cluster.name}")
     provider.terminate(cluster)
@@ -187,6 +191,19 @@ def _teardown(ctx: Context, provider: Provider, cluster: Cluster) -> list[str]:
     ctx.store.set_nodes_status(cluster.id, "terminated")
     ctx.store.update_cluster(cluster.id, status="terminated", terminated_at=now)
     return warnings
+
+
+def _keep_runs(ctx: Context, cluster: Cluster, warnings: list[str]) -> None:
+    """Before the nodes go: every job's logs, metrics and telemetry into the run archive ($GTRAIN_HOME/runs),
+    so `logs`, `plot` and `report` work on a cluster that is gone. Never stops a teardown."""
+    from gtrain.runlog import archive
+
+    try:
+        archive.archive_cluster(ctx, cluster)
+    except (GtrainError, OSError, ValueError) as e:
+        warnings.append(f"could not keep the jobs' logs: {getattr(e, 'message', e)}")
+        ctx.report.warn(warnings[-1])
+    ctx.event(cluster, "down")
 
 
 def _ended_on_their_own(cluster: Cluster, provider: Provider, ctx: Context) -> dict[int, float]:

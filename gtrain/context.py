@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gtrain.errors import ClusterNotFound
 from gtrain.events import SILENT, Reporter
@@ -82,3 +82,11 @@ class Context:
         from gtrain.spec import parse_spec
 
         return parse_spec(cluster.spec, base_dir=cluster.extra.get("base_dir"))
+
+    def event(self, cluster: Cluster, kind: str, **fields: Any) -> None:
+        """One record of the run's timeline (up, launch, recovery, preflight, down) in the run archive, for
+        `gtrain report`; best effort: a full disk never stops a command."""
+        from gtrain.runlog import archive
+
+        with contextlib.suppress(OSError, ValueError):
+            archive.record_event(self.store.home, cluster.id, kind, **fields)

@@ -78,6 +78,8 @@ def up(
 def down(
     cluster: str = CLUSTER,
     yes: bool = typer.Option(False, "--yes", "-y", help="Don't ask for confirmation."),
+    no_report: bool = typer.Option(False, "--no-report", help="Don't write the run's HTML report (default: next "
+                                   "to its pulled checkpoints, else in the run archive)."),
     json_: bool = JSON,
 ) -> None:
     """Stop jobs, delete every resource of the cluster, print what it cost."""
@@ -94,7 +96,7 @@ def down(
         # On a terminal, ask (default no): down deletes the nodes and what is on them. Without a TTY (CI)
         # it just runs.
         confirm(f"Tear down {cluster} and delete everything on its nodes?", False)
-    res = api.down(cluster, report=out.CLIReporter())
+    res = api.down(cluster, report=out.CLIReporter(), html_report=not no_report)
     if json_:
         out.emit_json(res.to_dict())
         return
@@ -103,6 +105,8 @@ def down(
     else:
         out.say(f"cluster {cluster} is down; every resource it made is deleted.")
     out.cost_table(res.cost)
+    if res.report:
+        out.say(f"report: {res.report}")
 
 
 def status(

@@ -112,6 +112,8 @@ def run(
     spec: str = SPEC,
     name: str = NAME,
     keep: bool = typer.Option(False, "--keep", help="Leave the cluster up afterwards."),
+    no_report: bool = typer.Option(False, "--no-report", help="Don't write the run's HTML report "
+                                   "(default: <cluster>-report.html next to the pulled checkpoints)."),
     to: str = typer.Option(None, "--to", metavar="DIR",
                            help="Where to pull checkpoints (default: ./<cluster>-<checkpoint_dir>)."),
     yes: bool = YES_PAID,
@@ -126,7 +128,8 @@ def run(
     rep = out.CLIReporter()
     confirm_price(parsed, yes, rep)
     try:
-        res = api.run(parsed, keep=keep, to=to, on_line=None if json_ else out.LinePrinter(), report=rep)
+        res = api.run(parsed, keep=keep, to=to, on_line=None if json_ else out.LinePrinter(), report=rep,
+                      html_report=not no_report)
     except KeyboardInterrupt as e:  # torn down already (api.run): say what it cost, then exit 128+N
         done = getattr(e, "run_result", None)
         if done is not None and done.down is not None:
@@ -146,6 +149,8 @@ def run(
             out.cost_table(res.down.cost)
         elif keep:
             out.say(f"cluster {res.cluster} kept up (--keep): `gtrain down {res.cluster}` when done")
+        if res.report:
+            out.say(f"report: {res.report}")
     _exit(res.exit_code)
 
 

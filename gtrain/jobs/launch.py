@@ -103,6 +103,7 @@ def launch(cluster: Cluster, spec: ClusterSpec, ctx: Context, *, force: bool = F
                                  info={**ctx.store.get_job(plan.job_id).info, "final": True, "error": reason})
             raise
     ctx.store.update_job(plan.job_id, status=JobState.RUNNING.value)
+    ctx.event(cluster, "launch", job=plan.job_id, msg=str(plan.info.get("run", "")))
     master = str(plan.info.get("master", ""))
     ctx.report.info(f"job {plan.job_id} started on {cluster.num_nodes} node(s), rendezvous {master}")
     return LaunchResult(plan.job_id, cluster.name, JobState.RUNNING.value, master=master, backend=backend.name)

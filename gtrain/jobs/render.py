@@ -22,4 +22,7 @@ def render_all(ctx: NodeContext) -> dict[str, str]:
            **launcher.node_files(ctx), "command": command + "\n"}
     if ctx.setup:
         out["setup.sh"] = render("setup.sh", ctx)
+    from gtrain.runlog import node_files
+
+    out.update(node_files())  # py/gtrain/metrics.py: `import gtrain.metrics` works on every rank
     return out
