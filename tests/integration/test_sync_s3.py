@@ -13,7 +13,7 @@ import sys
 import textwrap
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,17 +28,13 @@ SMALL_PARTS = {"multipart_threshold": 5 * MiB, "part_size": 5 * MiB}  # S3's min
 
 
 @pytest.fixture
-def s3(weed_env: Weed) -> Any:
-    import boto3
-
-    return boto3.client("s3")
+def s3(weed_s3: Any) -> Any:
+    return weed_s3
 
 
 @pytest.fixture
-def bucket(s3: Any) -> Iterator[str]:
-    name = f"gt-{uuid.uuid4().hex[:12]}"
-    s3.create_bucket(Bucket=name)
-    yield name
+def bucket(weed_bucket: str) -> str:
+    return weed_bucket
 
 
 def make_tree(root: Path, n: int = 20, size: int = 700) -> dict[str, bytes]:
@@ -463,6 +459,25 @@ def test_a_killed_multipart_upload_is_resumed_or_aborted(tmp_path: Path, s3: Any
     assert r.uploaded >= 1
 
 
+def forward_head(h: Any, upstream: str, path: str, body: bytes | None, headers: dict[str, str]) -> bytes:
+    """Ask ``upstream`` (host:port) the request ``h`` is handling, send its status and headers back through
+    ``h`` (the body's own Content-Length) and return the body for the caller to send (or not)."""
+    import http.client
+
+    c = http.client.HTTPConnection(upstream, timeout=30)
+    c.request(h.command, path, body=body, headers=headers)
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    h.send_response(r.status)
+    for k, v in r.getheaders():
+        if k.lower() not in ("content-length", "connection", "transfer-encoding", "server", "date"):
+            h.send_header(k, v)
+    h.send_header("Content-Length", r.getheader("Content-Length", "0") if h.command == "HEAD" else str(len(data)))
+    h.end_headers()
+    return bytes(data)
+
+
 class _Relay:
     """A plain-HTTP relay in front of the S3 server for tests of what the network does to the client. ``intercept``
     is called with (handler, request body, b"") before the server is asked (True: the test answered it) and with
@@ -470,7 +485,6 @@ class _Relay:
     everything else is passed through, each answer whole with its own Content-Length."""
 
     def __init__(self, upstream: str, intercept: Callable[[Any, bytes | None, bytes], bool]) -> None:
-        import http.client
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -482,19 +496,8 @@ class _Relay:
                 body = self.rfile.read(n) if n else None
                 if intercept(self, body, b""):  # answered by the test: the server never sees it
                     return
-                c = http.client.HTTPConnection(upstream, timeout=30)
                 # the Host header as the client signed it (a server checking SigV4 recomputes it with it)
-                c.request(self.command, self.path, body=body, headers=dict(self.headers.items()))
-                r = c.getresponse()
-                data = r.read()
-                c.close()
-                self.send_response(r.status)
-                for k, v in r.getheaders():
-                    if k.lower() not in ("content-length", "connection", "transfer-encoding", "server", "date"):
-                        self.send_header(k, v)
-                self.send_header("Content-Length", r.getheader("Content-Length", "0") if self.command == "HEAD"
-                                 else str(len(data)))
-                self.end_headers()
+                data = forward_head(self, upstream, self.path, body, dict(self.headers.items()))
                 if self.command != "HEAD" and not intercept(self, body, data):
                     self.wfile.write(data)
 
