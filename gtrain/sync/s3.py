@@ -43,6 +43,7 @@ from gtrain.sync.objstore import (
     RemoteObject,
     RemoteURL,
 )
+from gtrain.sync.ranges import download_ranges
 
 _MD5_ETAG = re.compile(r"^[0-9a-f]{32}$")
 _S3_MIN_PART = 5 * 1024 * 1024
@@ -385,49 +386,13 @@ class S3Backend:
 
     def _download_ranges(self, url: RemoteURL, obj: RemoteObject, dest: Path,
                          progress: Callable[[int], None]) -> Digests:
-        """Parallel ranged GETs (each pinned to the ETag) written in place; the sha256 of the whole is computed
-        in order as the ranges arrive (a range waits in memory for those before it), so no second pass."""
-        ps = self._part_size(obj.size)
-        sha = hashlib.sha256()
-        md5 = hashlib.md5(usedforsecurity=False) if obj.sha256 is None else None  # nothing else to check then
-        waiting: dict[int, bytes] = {}
-        state = {"next": 0}
-        lock = threading.Lock()
-        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.ftruncate(fd, obj.size)
+        """Parallel ranged GETs (each pinned to the ETag) written in place, hashed in order as they arrive."""
+        def fetch(first: int, last: int) -> bytes:
+            return self.wire.request("GET", url.bucket, obj.key, ok=(206,), headers={
+                "range": f"bytes={first}-{last}", "if-match": f'"{obj.version}"'}).body
 
-            def one(off: int) -> None:
-                end = min(off + ps, obj.size) - 1
-                r = self.wire.request("GET", url.bucket, obj.key, ok=(206,), headers={
-                    "range": f"bytes={off}-{end}", "if-match": f'"{obj.version}"'})
-                if len(r.body) != end - off + 1:
-                    raise s3wire.S3WireError(0, "ShortRead", f"range {off}-{end}: got {len(r.body)} bytes",
-                                             bucket=url.bucket, key=obj.key)
-                os.pwrite(fd, r.body, off)
-                progress(len(r.body))
-                with lock:
-                    waiting[off] = r.body
-                    while state["next"] in waiting:
-                        chunk = waiting.pop(state["next"])
-                        sha.update(chunk)
-                        if md5 is not None:
-                            md5.update(chunk)
-                        state["next"] += len(chunk)
-
-            futures = [self._pool().submit(one, off) for off in range(0, obj.size, ps)]
-            try:
-                for f in futures:
-                    f.result()
-            finally:
-                for f in futures:
-                    f.cancel()
-        finally:
-            os.close(fd)
-        if state["next"] != obj.size:
-            raise s3wire.S3WireError(0, "ShortRead", f"hashed {state['next']} of {obj.size} bytes",
-                                     bucket=url.bucket, key=obj.key)
-        return Digests(sha.hexdigest(), md5.hexdigest() if md5 is not None else "")
+        return download_ranges(self._pool(), dest, obj.size, self._part_size(obj.size), fetch, progress,
+                               want_md5=obj.sha256 is None, where=f"s3://{url.bucket}/{obj.key}")
 
     def delete(self, url: RemoteURL, keys: builtins.list[str]) -> None:
         with self._errors(url):

@@ -35,9 +35,7 @@ import datetime as _dt
 import email.utils
 import hashlib
 import http.client
-import random
 import re
-import ssl
 import threading
 import time
 import urllib.parse
@@ -48,6 +46,7 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
 
+from gtrain.sync.httpconn import ThreadConns, backoff
 from gtrain.sync.s3auth import (  # re-exported: the names callers and tests know
     Credentials,
     NoCredentials,
@@ -114,16 +113,13 @@ class S3Wire:
         self.timeout = timeout
         self.backoff = backoff  # scales every retry's wait (tests of storms run it small)
         self.clock_offset = 0.0  # seconds to add to our clock when signing (corrected on RequestTimeTooSkewed)
-        self._proxies: dict[tuple[str, str], tuple[str | None, str | None]] = {}
         self.on_request = on_request
         self.signer = Signer()
-        self._local = threading.local()
+        self.conns = ThreadConns(timeout, self.settings.ca_bundle)
         self._routes: dict[str, _BucketRoute] = {}
         self._routes_lock = threading.Lock()
         self._creds_source: _BotocoreCredentials | None = None
-        self._ssl: ssl.SSLContext | None = None
         self._botocore_client: Any = None
-        self._all_conns: set[http.client.HTTPConnection] = set()
         if self.settings.needs_botocore_credentials:
             self._creds_source = _BotocoreCredentials(self.settings.profile)
 
@@ -185,66 +181,13 @@ class S3Wire:
 
     # -- connections
 
-    def _context(self) -> ssl.SSLContext:
-        if self._ssl is None:
-            self._ssl = ssl.create_default_context(cafile=self.settings.ca_bundle)
-        return self._ssl
-
-    def _proxy(self, scheme: str, netloc: str) -> tuple[str | None, str | None]:
-        """(proxy host:port, Proxy-Authorization value) for requests to ``netloc``; (None, None): direct."""
-        got = self._proxies.get((scheme, netloc))
-        if got is None:
-            got = (None, None)
-            proxies = urllib.request.getproxies_environment()
-            host_only = netloc.rsplit(":", 1)[0] if not netloc.endswith("]") else netloc
-            if proxies.get(scheme) and not urllib.request.proxy_bypass(host_only):
-                raw = proxies[scheme] if "://" in proxies[scheme] else f"http://{proxies[scheme]}"
-                u = urllib.parse.urlsplit(raw)
-                auth = None
-                if u.username is not None:
-                    pair = f"{urllib.parse.unquote(u.username)}:{urllib.parse.unquote(u.password or '')}"
-                    auth = "Basic " + b64(pair.encode())
-                got = (u.netloc.rpartition("@")[2], auth)
-            self._proxies[(scheme, netloc)] = got
-        return got
-
-    def _conn(self, scheme: str, netloc: str) -> http.client.HTTPConnection:
-        pool: dict[tuple[str, str], http.client.HTTPConnection] = self._local.__dict__.setdefault("pool", {})
-        c = pool.get((scheme, netloc))
-        if c is None:
-            proxy, auth = self._proxy(scheme, netloc)
-            target = proxy or netloc
-            if scheme == "https":
-                c = http.client.HTTPSConnection(target, timeout=self.timeout, context=self._context())
-                if proxy is not None:  # a CONNECT tunnel, the proxy's credentials on it
-                    c.set_tunnel(netloc, headers={"Proxy-Authorization": auth} if auth else None)
-            else:  # plain http through a proxy: absolute-URI requests (see request())
-                c = http.client.HTTPConnection(target, timeout=self.timeout)
-            pool[(scheme, netloc)] = c
-            with self._routes_lock:
-                self._all_conns.add(c)
-        return c
-
-    def _drop(self, scheme: str, netloc: str) -> None:
-        pool: dict[tuple[str, str], http.client.HTTPConnection] = self._local.__dict__.setdefault("pool", {})
-        c = pool.pop((scheme, netloc), None)
-        if c is not None:
-            c.close()
-            with self._routes_lock:
-                self._all_conns.discard(c)
-
     def discard_thread_connections(self) -> None:
         """Close this thread's connections (one whose response was abandoned mid-body cannot be reused)."""
-        for scheme, netloc in list(self._local.__dict__.get("pool", {})):
-            self._drop(scheme, netloc)
+        self.conns.drop_thread()
 
     def close(self) -> None:
         """Close every connection, of every thread (call when no request is in flight)."""
-        with self._routes_lock:
-            conns, self._all_conns = self._all_conns, set()
-        for c in conns:
-            c.close()
-        self._local = threading.local()
+        self.conns.close()
 
     # -- requests
 
@@ -275,17 +218,17 @@ class S3Wire:
             target = path + ("?" + canonical_query(query) if query else "")
             if self.on_request is not None:
                 self.on_request(method, target)
-            proxy, proxy_auth = self._proxy(route.scheme, route.netloc)
+            proxy, proxy_auth = self.conns.proxy(route.scheme, route.netloc)
             if proxy is not None and route.scheme == "http":  # not signed: the proxy takes it off
                 target = f"http://{route.netloc}{target}"
                 if proxy_auth:
                     signed["proxy-authorization"] = proxy_auth
-            conn = self._conn(route.scheme, route.netloc)
+            conn = self.conns.get(route.scheme, route.netloc)
             try:
                 conn.request(method, target, body=body or None, headers=signed)
                 resp = conn.getresponse()
             except (OSError, http.client.HTTPException) as e:
-                self._drop(route.scheme, route.netloc)
+                self.conns.drop(route.scheme, route.netloc)
                 if proxy is not None and " 407" in str(e):  # the CONNECT was refused for want of credentials
                     raise _proxy_auth_error(proxy, bucket, key) from e
                 last = S3WireError(0, type(e).__name__, f"{route.scheme}://{route.netloc}: {e}", bucket=bucket,
@@ -298,19 +241,19 @@ class S3Wire:
                 try:
                     data = resp.read()  # all of it, or IncompleteRead: a body cut short is sent for again
                 except (OSError, http.client.HTTPException) as e:
-                    self._drop(route.scheme, route.netloc)
+                    self.conns.drop(route.scheme, route.netloc)
                     last = S3WireError(0, type(e).__name__, f"{route.scheme}://{route.netloc}: the answer broke "
                                                             f"off: {e}", bucket=bucket, key=key)
                     continue
                 if resp.will_close:
-                    self._drop(route.scheme, route.netloc)
+                    self.conns.drop(route.scheme, route.netloc)
                 return Response(resp.status, rheaders, data)
             try:
                 data = resp.read()
             except (OSError, http.client.HTTPException):
                 data = b""
             if resp.will_close:
-                self._drop(route.scheme, route.netloc)
+                self.conns.drop(route.scheme, route.netloc)
             if resp.status == 407 and proxy is not None:
                 raise _proxy_auth_error(proxy, bucket, key)
             err = _error(resp.status, rheaders, data, bucket, key)
@@ -339,14 +282,8 @@ class S3Wire:
         return True
 
     def _wait(self, attempt: int, err: S3WireError) -> float:
-        """Seconds before try ``attempt`` (1-based retries): longer for throttling, the server's Retry-After
-        where it gave one (at most 20 s), jittered."""
         throttled = err.status in _THROTTLE_STATUS or err.code in _THROTTLE_CODES
-        base, cap = (0.5, 20.0) if throttled else (0.1, 5.0)
-        wait = min(cap, base * 2 ** (attempt - 1)) * (0.5 + random.random())
-        if err.retry_after is not None:
-            wait = max(wait, min(cap, err.retry_after))
-        return wait * self.backoff
+        return backoff(attempt, throttled=throttled, retry_after=err.retry_after, scale=self.backoff)
 
 
 def _proxy_auth_error(proxy: str, bucket: str, key: str) -> S3WireError:
