@@ -354,7 +354,7 @@ def list_objects(wire: S3Wire, bucket: str, prefix: str) -> Iterator[Listed]:
         if root.tag != "ListBucketResult":
             raise S3WireError(r.status, "MalformedResponse", f"ListObjectsV2 answered <{root.tag}>", bucket=bucket)
         for c in root.iter("Contents"):
-            yield Listed(urllib.parse.unquote(c.findtext("Key") or ""), int(c.findtext("Size") or 0),
+            yield Listed(urllib.parse.unquote_plus(c.findtext("Key") or ""), int(c.findtext("Size") or 0),
                          (c.findtext("ETag") or "").strip('"'))
         if (root.findtext("IsTruncated") or "").lower() != "true":
             return
