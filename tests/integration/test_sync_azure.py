@@ -145,3 +145,29 @@ def test_a_server_busy_storm_is_ridden_out_then_a_lasting_one_fails(tmp_path: Pa
         assert counts["stormy"] == 5  # bounded
     finally:
         relay.close()
+
+
+def test_the_node_bundle_downloads_az_with_the_stdlib_only(tmp_path: Path, container: str, azurite_env: Azurite
+                                                           ) -> None:
+    """What job.data runs on a node: the sync engine from gtrain's zip, ``python -S`` (no site-packages: no
+    SDK, not even this checkout), downloading az:// with the account key."""
+    import subprocess
+    import sys
+
+    from gtrain.jobs.data import DATA_MAIN, bundle
+
+    wire = AzureWire()
+    for i in range(3):
+        wire.request("PUT", container, f"ds/part-{i}.txt", body=f"row {i}\n".encode(), ok=(201,),
+                     headers={"x-ms-blob-type": "BlockBlob"})
+    wire.close()
+    pyz = tmp_path / "gtrain-sync.pyz"
+    pyz.write_bytes(bundle())
+    entries = f'[{{"src": "az://{container}/ds", "dst": "{tmp_path / "data"}", "delete": false}}]'
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "GTRAIN_HOME": str(tmp_path / "home"),
+           "AZURE_STORAGE_CONNECTION_STRING": azurite_env.connection_string}
+    p = subprocess.run([sys.executable, "-S", "-c", DATA_MAIN, str(pyz), entries], capture_output=True, text=True,
+                       env=env, cwd=tmp_path, timeout=120)
+    assert p.returncode == 0, p.stderr + p.stdout
+    assert '"downloaded": 3' in p.stdout
+    assert read_tree(tmp_path / "data") == {f"part-{i}.txt": f"row {i}\n".encode() for i in range(3)}
