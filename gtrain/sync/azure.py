@@ -16,8 +16,8 @@ import contextlib
 import hashlib
 import http.client
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gtrain.errors import ConfigError, CredentialsError, GtrainError, SyncError
 from gtrain.sync import azwire
@@ -30,6 +30,9 @@ from gtrain.sync.model import (
     RemoteURL,
 )
 from gtrain.sync.ranges import download_ranges
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
 
 _META = "x-ms-meta-gtrain_sha256"
 _CRED_HINT = ("set AZURE_STORAGE_ACCOUNT with AZURE_STORAGE_KEY or AZURE_STORAGE_SAS_TOKEN, or "
@@ -53,6 +56,8 @@ class AzureBackend:
 
     def _pool(self) -> ThreadPoolExecutor:
         if self._blocks is None:
+            from concurrent.futures import ThreadPoolExecutor
+
             self._blocks = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="gtrain-az-block")
         return self._blocks
 

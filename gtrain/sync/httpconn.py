@@ -7,10 +7,13 @@ from __future__ import annotations
 import base64
 import http.client
 import random
-import ssl
 import threading
 import urllib.parse
 import urllib.request
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import ssl
 
 THROTTLE_BASE_S, THROTTLE_CAP_S = 0.5, 20.0
 RETRY_BASE_S, RETRY_CAP_S = 0.1, 5.0
@@ -63,6 +66,8 @@ class ThreadConns:
 
     def _context(self) -> ssl.SSLContext:
         if self._ssl is None:
+            import ssl  # here: plain-http endpoints and a no-change re-sync need not import it
+
             self._ssl = ssl.create_default_context(cafile=self.ca_bundle)
         return self._ssl
 

@@ -8,11 +8,14 @@ import hashlib
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gtrain.errors import SyncError
 from gtrain.sync.model import Digests
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
 
 
 def download_ranges(pool: ThreadPoolExecutor, dest: Path, size: int, part_size: int,

@@ -28,8 +28,8 @@ import os
 import re
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gtrain.errors import ConfigError, CredentialsError, GtrainError, SyncError
 from gtrain.sync import s3wire
@@ -44,6 +44,9 @@ from gtrain.sync.objstore import (
     RemoteURL,
 )
 from gtrain.sync.ranges import download_ranges
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future, ThreadPoolExecutor
 
 _MD5_ETAG = re.compile(r"^[0-9a-f]{32}$")
 _S3_MIN_PART = 5 * 1024 * 1024
@@ -90,6 +93,8 @@ class S3Backend:
     def _pool(self) -> ThreadPoolExecutor:
         with self._parts_lock:
             if self._parts is None:
+                from concurrent.futures import ThreadPoolExecutor
+
                 self._parts = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="gtrain-s3-part")
             return self._parts
 
