@@ -125,8 +125,8 @@ class DataEntry(_Model):
     @field_validator("src")
     @classmethod
     def _src(cls, v: str) -> str:
-        if not re.match(r"^(s3|gs)://[a-z0-9][a-z0-9._-]{1,221}(/.*)?$", v):
-            raise ValueError("must be s3://bucket[/prefix] or gs://bucket[/prefix]")
+        if not re.match(r"^(s3|gs|az)://[a-z0-9][a-z0-9._-]{1,221}(/.*)?$", v):
+            raise ValueError("must be s3://bucket[/prefix], gs://bucket[/prefix] or az://container[/prefix]")
         return v
 
     @field_validator("dst")

@@ -24,8 +24,9 @@ if TYPE_CHECKING:
 
 _MODULES = ("__init__.py", "errors.py", "redact.py", "events.py",
             "sync/__init__.py", "sync/model.py", "sync/local.py", "sync/manifest.py",
-            "sync/engine.py", "sync/objstore.py", "sync/s3.py", "sync/s3wire.py", "sync/s3creds.py",
-            "sync/gcs.py", "sync/gcswire.py")
+            "sync/engine.py", "sync/objstore.py", "sync/s3.py", "sync/s3wire.py",
+            "sync/gcs.py", "sync/gcswire.py", "sync/s3auth.py", "sync/httpconn.py", "sync/ranges.py",
+            "sync/azure.py", "sync/azwire.py")
 
 # Runs on the node: python3 -c DATA_MAIN BUNDLE ENTRIES_JSON. One JSON line out; exit 3 on a gtrain error.
 DATA_MAIN = """

@@ -21,7 +21,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal
 
@@ -415,6 +414,8 @@ class Engine:
                 if not k.startswith(self.url.key_prefix):
                     raise SyncError(f"refusing to delete {k!r}: outside {self.url}")
             batches = [keys[i:i + 1000] for i in range(0, len(keys), 1000)]
+            from concurrent.futures import ThreadPoolExecutor  # here: a no-change re-sync need not import it
+
             with ThreadPoolExecutor(max_workers=min(self.workers, len(batches))) as pool:
                 for _ in pool.map(lambda b: self.backend.delete(self.url, b), batches):
                     pass

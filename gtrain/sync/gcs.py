@@ -1,17 +1,14 @@
 """GCS backend of ``gtrain sync`` over google-cloud-storage (imported here only, lazily).
 
 ``STORAGE_EMULATOR_HOST`` is honoured by the library itself (anonymous credentials then); every request
-goes to ``client._connection.API_BASE_URL``, so real GCS and an emulator take the same paths. google.api_core
-/ google.auth / resumable-media / urllib3 errors are translated into gtrain errors here and nowhere else.
+goes to the client's public ``api_endpoint``, so real GCS and an emulator take the same paths. google.api_core
+/ google.auth / urllib3 errors are translated into gtrain errors here and nowhere else.
 
 Per-file work is what limits a sync of many small files (the Python side, not the network), so uploads and
-downloads skip the ``Blob`` machinery and talk the JSON API directly (:mod:`gtrain.sync.gcswire`): one request per
-file, with the client's credentials, on kept-alive connections that the client's session's adapter's
-connection pool opens (its TLS settings and client certificate), framed by our own small HTTP/1.1 code
-(its ``Conn``: ``http.client``'s header parsing and urllib3's per-request bookkeeping were most of the CPU
-per small file); a session instrumented with hooks, using a proxy or overriding ``request`` is used as it is
-instead. Conditional requests are retried on connection errors / 408 / 429 / 5xx with backoff (a kept-alive
-connection the server had closed, at once on a new one), a 401 answered by one credentials refresh.
+downloads skip the ``Blob`` machinery and talk the JSON API directly (:mod:`gtrain.sync.gcswire`): one request
+per file through google-auth's ``AuthorizedHttp`` on a urllib3 pool of our own (public APIs only; the
+credentials are those a default client uses, or the ``credentials`` given). Requests are retried on connection
+errors / 408 / 429 / 5xx with backoff, a 401 answered by one credentials refresh.
 
 Integrity, per path:
 
@@ -82,7 +79,8 @@ class GCSBackend:
     resumable session is checked by GCS against the crc32c instead, ~10x cheaper to compute."""
 
     def __init__(self, client: Any = None, *, fld: str = "DST", workers: int = DEFAULT_WORKERS,
-                 multipart_threshold: int = DEFAULT_MULTIPART_THRESHOLD, part_size: int = DEFAULT_PART_SIZE) -> None:
+                 multipart_threshold: int = DEFAULT_MULTIPART_THRESHOLD, part_size: int = DEFAULT_PART_SIZE,
+                 credentials: Any = None) -> None:
         self.fld = fld
         self.workers = workers
         with self._errors(None):
@@ -91,22 +89,10 @@ class GCSBackend:
 
                 client = storage.Client()
             self.client = client
-            self._widen_pool(workers)
-            self._wire = Wire(client)
+            self._wire = Wire(client, credentials=credentials, maxsize=workers + 4)
         self._boundary = f"==gtrain-{os.urandom(16).hex()}==".encode()  # per backend; replaced where it occurs
         self.threshold = multipart_threshold
         self.part_size = part_size  # unused: a large upload is one resumable stream (see the module docstring)
-
-    def _widen_pool(self, workers: int) -> None:
-        """requests keeps 10 connections per host by default; give every worker thread its own. Only the
-        session's stock adapters are replaced (not, say, google-auth's mutual-TLS one)."""
-        with contextlib.suppress(Exception):
-            from requests.adapters import HTTPAdapter
-
-            http = self.client._http  # the client's AuthorizedSession (a requests.Session)
-            for prefix in ("http://", "https://"):
-                if type(http.adapters.get(prefix)) is HTTPAdapter:
-                    http.mount(prefix, HTTPAdapter(pool_connections=4, pool_maxsize=workers + 4))
 
     # -- error translation: the one place google exceptions become gtrain's
 
@@ -164,8 +150,7 @@ class GCSBackend:
         import urllib3
 
         if isinstance(e, requests.RequestException | urllib3.exceptions.HTTPError | Broken):
-            host = getattr(getattr(self, "client", None), "_connection", None)
-            base = getattr(host, "API_BASE_URL", "GCS")
+            base = getattr(getattr(self, "client", None), "api_endpoint", "GCS")
             return SyncError(f"cannot reach {base} for {where}: {e}",
                              hint="check the network (and STORAGE_EMULATOR_HOST if you use an emulator); re-run")
         return e

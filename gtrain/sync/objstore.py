@@ -1,8 +1,8 @@
-"""``gtrain sync``: mirror a local directory to or from an object store (``s3://`` or ``gs://``).
+"""``gtrain sync``: mirror a local directory to or from an object store (``s3://``, ``gs://`` or ``az://``).
 
 The engine here knows nothing about any SDK: each store is a :class:`Backend` (``gtrain.sync.s3``,
-``gtrain.sync.gcs``), imported only when a sync needs it, which translates its own SDK's errors into
-gtrain's. What the engine guarantees, whichever the store:
+``gtrain.sync.gcs``, ``gtrain.sync.azure``), imported only when a sync needs it, which translates its own
+SDK's errors into gtrain's. What the engine guarantees, whichever the store:
 
 * **incremental** -- a manifest under ``$GTRAIN_HOME/sync/`` (sqlite, one per (local dir, remote URL))
   records, per file, what the local file was (size, mtime_ns, sha256, md5) when it last matched a remote
@@ -59,11 +59,12 @@ from gtrain.sync.model import (
     SyncResult,
 )
 
-_SCHEMES = {"s3": "S3", "gs": "GCS"}
+_SCHEMES = {"s3": "S3", "gs": "GCS", "az": "Azure"}
 _URL_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$", re.DOTALL)
-_LOOKS_LIKE_URL_RE = re.compile(r"^(s3|gs|gcs|s3a|s3n):(?!//)", re.IGNORECASE)
+_LOOKS_LIKE_URL_RE = re.compile(r"^(s3|gs|gcs|s3a|s3n|az):(?!//)", re.IGNORECASE)
 _S3_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _GCS_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
+_AZ_CONTAINER_RE = re.compile(r"^(?!.*--)[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$")
 _IP_RE = re.compile(r"^\d+\.\d+\.\d+\.\d+$")
 _BAD_CHARS_RE = re.compile(r"[\x00-\x1f\x7f\\]")
 
@@ -86,7 +87,7 @@ def parse_location(value: str, fld: str) -> Path | RemoteURL:
         return Path(value).expanduser()
     scheme, rest = m.group(1), m.group(2)
     if scheme not in _SCHEMES:
-        hint = "gtrain sync speaks s3:// and gs://"
+        hint = "gtrain sync speaks s3://, gs:// and az://"
         if scheme.lower() in _SCHEMES:
             hint = f"write the scheme in lower case: {scheme.lower()}://"
         elif scheme.lower() == "gcs":
@@ -96,13 +97,14 @@ def parse_location(value: str, fld: str) -> Path | RemoteURL:
     store = _SCHEMES[scheme]
     if not bucket:
         raise ConfigError(f"{fld} {value!r} has no bucket name", hint=f"write {scheme}://BUCKET/PREFIX", field=fld)
-    ok = _S3_BUCKET_RE.match(bucket) if scheme == "s3" else _GCS_BUCKET_RE.match(bucket)
+    ok = {"s3": _S3_BUCKET_RE, "gs": _GCS_BUCKET_RE, "az": _AZ_CONTAINER_RE}[scheme].match(bucket)
     if (not ok or ".." in bucket or _IP_RE.match(bucket)
             or (scheme == "gs" and any(len(p) > 63 for p in bucket.split(".")))):
-        raise ConfigError(
-            f"{fld} {value!r}: {bucket!r} is not a valid {store} bucket name",
-            hint="bucket names are 3-63 lower-case letters, digits, '-' and '.'"
-            + (" (and '_' on GCS)" if scheme == "gs" else ""), field=fld)
+        kind = "container" if scheme == "az" else "bucket"
+        rule = ("container names are 3-63 lower-case letters, digits and single '-'" if scheme == "az" else
+                "bucket names are 3-63 lower-case letters, digits, '-' and '.'"
+                + (" (and '_' on GCS)" if scheme == "gs" else ""))
+        raise ConfigError(f"{fld} {value!r}: {bucket!r} is not a valid {store} {kind} name", hint=rule, field=fld)
     if prefix.endswith("/"):
         prefix = prefix[:-1]
     if prefix:
@@ -123,6 +125,11 @@ def make_backend(url: RemoteURL, *, fld: str, client_factory: Callable[[], Any] 
                  workers: int = DEFAULT_WORKERS, multipart_threshold: int = DEFAULT_MULTIPART_THRESHOLD,
                  part_size: int = DEFAULT_PART_SIZE) -> Backend:
     client = client_factory() if client_factory is not None else None
+    if url.scheme == "az":
+        from gtrain.sync.azure import AzureBackend
+
+        return AzureBackend(client, fld=fld, workers=workers, multipart_threshold=multipart_threshold,
+                            part_size=part_size)
     if url.scheme == "s3":
         from gtrain.sync.s3 import S3Backend
 

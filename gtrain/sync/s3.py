@@ -6,16 +6,20 @@ of the wire (and of botocore's credential chain, when it is used) are translated
 nowhere else.
 
 Integrity on the wire: every PUT and UploadPart is signed by the sha256 of the exact bytes sent
-(``x-amz-content-sha256``, which S3 verifies: XAmzContentSHA256Mismatch) and carries ``Content-MD5``
-(BadDigest); a single-part ETag must equal our md5 (unless SSE-KMS/SSE-C, where the ETag is not the md5) and
-a multipart ETag the md5 of our parts' md5s. Every object carries ``gtrain-sha256`` metadata that downloads
-are verified against (the engine), single GETs are hashed while streaming, and every GET is pinned with
-``If-Match`` to the ETag the listing showed. Large objects move in ``part_size`` parts over a shared pool of
-``workers`` threads (memory: at most ``workers`` parts at once).
+(``x-amz-content-sha256``, which S3 verifies: XAmzContentSHA256Mismatch), carries ``Content-MD5`` (BadDigest)
+and a flexible checksum, ``x-amz-checksum-sha256`` (S3 stores it: any SDK reading with ``ChecksumMode=ENABLED``
+verifies what gtrain wrote; a multipart upload declares ``SHA256`` and sends each part's, giving S3's composite
+checksum); an object another tool wrote with a full-object sha256 checksum is verified against it on download; a
+single-part ETag must equal our md5 (unless SSE-KMS/SSE-C, where the ETag is not the md5) and a multipart ETag
+the md5 of our parts' md5s. Every object carries ``gtrain-sha256`` metadata that downloads are verified against
+(the engine), single GETs are hashed while streaming, and every GET is pinned with ``If-Match`` to the ETag the
+listing showed. Large objects move in ``part_size`` parts over a shared pool of ``workers`` threads (memory: at
+most ``workers`` parts at once).
 """
 
 from __future__ import annotations
 
+import base64
 import builtins
 import contextlib
 import hashlib
@@ -24,8 +28,8 @@ import os
 import re
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gtrain.errors import ConfigError, CredentialsError, GtrainError, SyncError
 from gtrain.sync import s3wire
@@ -39,11 +43,17 @@ from gtrain.sync.model import (
     RemoteObject,
     RemoteURL,
 )
+from gtrain.sync.ranges import download_ranges
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future, ThreadPoolExecutor
 
 _MD5_ETAG = re.compile(r"^[0-9a-f]{32}$")
 _S3_MIN_PART = 5 * 1024 * 1024
 _S3_MAX_PARTS = 10_000
 _META_HEADER = f"x-amz-meta-{META_SHA256}"
+_CHECKSUM = "x-amz-checksum-sha256"
+_READ_CHECKSUMS = {"x-amz-checksum-mode": "ENABLED"}
 _CRED_HINT = ("set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or an instance role "
               "(`aws sts get-caller-identity` shows who you are)")
 _CRED_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
@@ -83,6 +93,8 @@ class S3Backend:
     def _pool(self) -> ThreadPoolExecutor:
         with self._parts_lock:
             if self._parts is None:
+                from concurrent.futures import ThreadPoolExecutor
+
                 self._parts = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="gtrain-s3-part")
             return self._parts
 
@@ -106,6 +118,8 @@ class S3Backend:
             if status == 0:
                 return SyncError(f"cannot reach S3 for {where}: {msg}",
                                  hint="check the network, AWS_ENDPOINT_URL and the region; re-run to resume")
+            if code == "ProxyAuthenticationRequired":
+                return CredentialsError(f"cannot reach S3 for {where}: {msg}", hint="fix the proxy's credentials")
             if code == "NoSuchBucket":
                 bucket = e.bucket or (url.bucket if url else "?")
                 return ConfigError(f"S3 bucket {bucket!r} does not exist (or is not visible to these credentials)",
@@ -141,7 +155,7 @@ class S3Backend:
     def head(self, url: RemoteURL, key: str) -> RemoteObject | None:
         with self._errors(url, key):
             try:
-                r = self.wire.request("HEAD", url.bucket, key)
+                r = self.wire.request("HEAD", url.bucket, key, headers=_READ_CHECKSUMS)
             except s3wire.S3WireError as e:
                 if e.status == 404 and e.code in ("NotFound", "NoSuchKey"):
                     return None
@@ -151,8 +165,12 @@ class S3Backend:
     @staticmethod
     def _from_headers(key: str, h: dict[str, str]) -> RemoteObject:
         etag = h.get("etag", "").strip('"')
-        return RemoteObject(key, int(h.get("content-length", 0)), etag, md5=_md5_of(etag, h),
-                            sha256=h.get(_META_HEADER))
+        sha256 = h.get(_META_HEADER)
+        flexible = h.get(_CHECKSUM, "")
+        if sha256 is None and flexible and "-" not in flexible and h.get("x-amz-checksum-type") != "COMPOSITE":
+            with contextlib.suppress(ValueError):  # a full-object checksum another tool wrote: the content's
+                sha256 = base64.b64decode(flexible, validate=True).hex()
+        return RemoteObject(key, int(h.get("content-length", 0)), etag, md5=_md5_of(etag, h), sha256=sha256)
 
     def upload(self, path: Path, url: RemoteURL, key: str, *, size: int, digests: Digests,
                expect: RemoteObject | None, progress: Callable[[int], None]) -> RemoteObject:
@@ -175,7 +193,7 @@ class S3Backend:
              progress: Callable[[int], None]) -> RemoteObject:
         r = self.wire.request("PUT", url.bucket, key, body=body, body_sha256=digests.sha256, headers={
             "content-md5": s3wire.md5_b64(body), _META_HEADER: digests.sha256,
-            "content-type": "application/octet-stream"})
+            _CHECKSUM: s3wire.b64(bytes.fromhex(digests.sha256)), "content-type": "application/octet-stream"})
         etag = r.headers.get("etag", "").strip('"')
         md5 = _md5_of(etag, r.headers)
         if md5 is not None and md5 != digests.md5:
@@ -257,7 +275,8 @@ class S3Backend:
             upload_id, ps, have = resumed
         else:
             r = wire.request("POST", bucket, key, query={"uploads": ""}, headers={
-                _META_HEADER: digests.sha256, "content-type": "application/octet-stream"})
+                _META_HEADER: digests.sha256, "content-type": "application/octet-stream",
+                "x-amz-checksum-algorithm": "SHA256"})
             upload_id = s3wire.parse_xml(r.body).findtext("UploadId") or ""
             if not upload_id:
                 raise SyncError(f"s3://{bucket}/{key}: CreateMultipartUpload returned no UploadId")
@@ -266,31 +285,33 @@ class S3Backend:
                 self.journal.upload_begun(OpenUpload(key, upload_id, size, mtime_ns, ps, digests.sha256))
         ranges = [(i + 1, off, min(ps, size - off)) for i, off in enumerate(range(0, size, ps))]
 
-        def one(part: tuple[int, int, int]) -> tuple[str, bytes]:
+        def one(part: tuple[int, int, int]) -> tuple[str, bytes, str]:
             n, off, length = part
             data = s3wire.file_part(path, off, length)
             md5 = hashlib.md5(data, usedforsecurity=False)
+            sha = hashlib.sha256(data)
             if have.get(n) == (length, md5.hexdigest()):  # S3 holds exactly these bytes already
                 progress(length)
-                return md5.hexdigest(), md5.digest()
+                return md5.hexdigest(), md5.digest(), s3wire.b64(sha.digest())
             resp = wire.request("PUT", bucket, key, query={"partNumber": str(n), "uploadId": upload_id},
-                                body=data, body_sha256=hashlib.sha256(data).hexdigest(),
-                                headers={"content-md5": s3wire.b64(md5.digest())})
+                                body=data, body_sha256=sha.hexdigest(),
+                                headers={"content-md5": s3wire.b64(md5.digest()),
+                                         _CHECKSUM: s3wire.b64(sha.digest())})
             etag = resp.headers.get("etag", "").strip('"')
             if _MD5_ETAG.match(etag) and etag != md5.hexdigest() and _md5_of(etag, resp.headers) is not None:
                 raise SyncError(f"s3://{bucket}/{key}: part {n} stored with md5 {etag}, we sent {md5.hexdigest()}",
                                 hint="the upload was corrupted; re-run")
             progress(length)
-            return etag, md5.digest()
+            return etag, md5.digest(), s3wire.b64(sha.digest())
 
         done = False
-        futures: list[Future[tuple[str, bytes]]] = []
+        futures: list[Future[tuple[str, bytes, str]]] = []
         try:
             futures = [self._pool().submit(one, p) for p in ranges]
             results = [f.result() for f in futures]
-            expected = s3wire.multipart_etag([m for _, m in results])
+            expected = s3wire.multipart_etag([m for _, m, _ in results])
             resp = wire.request("POST", bucket, key, query={"uploadId": upload_id},
-                                body=s3wire.complete_xml([e for e, _ in results]))
+                                body=s3wire.complete_xml([e for e, _, _ in results], [c for _, _, c in results]))
             root = s3wire.parse_xml(resp.body)
             if root.tag == "Error":  # CompleteMultipartUpload can fail with a 200
                 raise s3wire.S3WireError(500, root.findtext("Code") or "InternalError",
@@ -336,7 +357,8 @@ class S3Backend:
 
     def _get_small(self, url: RemoteURL, obj: RemoteObject, dest: Path,
                    progress: Callable[[int], None]) -> tuple[RemoteObject, Digests]:
-        r = self.wire.request("GET", url.bucket, obj.key, headers={"if-match": f'"{obj.version}"'}, stream=True)
+        r = self.wire.request("GET", url.bucket, obj.key, headers={"if-match": f'"{obj.version}"', **_READ_CHECKSUMS},
+                              stream=True)
         assert r.stream is not None
         sha, md5 = hashlib.sha256(), hashlib.md5(usedforsecurity=False)
         got = 0
@@ -369,49 +391,13 @@ class S3Backend:
 
     def _download_ranges(self, url: RemoteURL, obj: RemoteObject, dest: Path,
                          progress: Callable[[int], None]) -> Digests:
-        """Parallel ranged GETs (each pinned to the ETag) written in place; the sha256 of the whole is computed
-        in order as the ranges arrive (a range waits in memory for those before it), so no second pass."""
-        ps = self._part_size(obj.size)
-        sha = hashlib.sha256()
-        md5 = hashlib.md5(usedforsecurity=False) if obj.sha256 is None else None  # nothing else to check then
-        waiting: dict[int, bytes] = {}
-        state = {"next": 0}
-        lock = threading.Lock()
-        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.ftruncate(fd, obj.size)
+        """Parallel ranged GETs (each pinned to the ETag) written in place, hashed in order as they arrive."""
+        def fetch(first: int, last: int) -> bytes:
+            return self.wire.request("GET", url.bucket, obj.key, ok=(206,), headers={
+                "range": f"bytes={first}-{last}", "if-match": f'"{obj.version}"'}).body
 
-            def one(off: int) -> None:
-                end = min(off + ps, obj.size) - 1
-                r = self.wire.request("GET", url.bucket, obj.key, ok=(206,), headers={
-                    "range": f"bytes={off}-{end}", "if-match": f'"{obj.version}"'})
-                if len(r.body) != end - off + 1:
-                    raise s3wire.S3WireError(0, "ShortRead", f"range {off}-{end}: got {len(r.body)} bytes",
-                                             bucket=url.bucket, key=obj.key)
-                os.pwrite(fd, r.body, off)
-                progress(len(r.body))
-                with lock:
-                    waiting[off] = r.body
-                    while state["next"] in waiting:
-                        chunk = waiting.pop(state["next"])
-                        sha.update(chunk)
-                        if md5 is not None:
-                            md5.update(chunk)
-                        state["next"] += len(chunk)
-
-            futures = [self._pool().submit(one, off) for off in range(0, obj.size, ps)]
-            try:
-                for f in futures:
-                    f.result()
-            finally:
-                for f in futures:
-                    f.cancel()
-        finally:
-            os.close(fd)
-        if state["next"] != obj.size:
-            raise s3wire.S3WireError(0, "ShortRead", f"hashed {state['next']} of {obj.size} bytes",
-                                     bucket=url.bucket, key=obj.key)
-        return Digests(sha.hexdigest(), md5.hexdigest() if md5 is not None else "")
+        return download_ranges(self._pool(), dest, obj.size, self._part_size(obj.size), fetch, progress,
+                               want_md5=obj.sha256 is None, where=f"s3://{url.bucket}/{obj.key}")
 
     def delete(self, url: RemoteURL, keys: builtins.list[str]) -> None:
         with self._errors(url):

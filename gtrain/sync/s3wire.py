@@ -18,20 +18,24 @@ the ``x-amz-bucket-region`` header, as botocore's redirector does.
 
 Integrity: every body is signed by its sha256 (``x-amz-content-sha256``, which S3 checks) and carries
 ``Content-MD5`` (checked too); a multipart upload's final ETag is compared with the md5 of its parts' md5s.
-Retries: 5 attempts with jittered exponential backoff on 5xx, throttling and broken connections; a body
-is re-sent from its bytes, never from a half-read stream.
+Retries: 5 attempts with jittered exponential backoff on 5xx and broken connections; throttling (429,
+503, ``SlowDown``) backs off longer (0.5 s doubling, at most 20 s, or the server's ``Retry-After``), so a
+storm costs at most ~25 s per request before it fails; a body is re-sent from its bytes, never from a
+half-read stream. A clock that is off (``RequestTimeTooSkewed``) is corrected from the server's
+``ServerTime`` / ``Date`` and the request re-signed, as botocore does. Proxies: ``HTTPS_PROXY`` /
+``HTTP_PROXY`` / ``NO_PROXY``, with ``user:password@`` sent as ``Proxy-Authorization`` (on the ``CONNECT``
+for https, on every absolute-URI request for plain http).
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as _dt
+import email.utils
 import hashlib
-import hmac
 import http.client
-import random
 import re
-import ssl
 import threading
 import time
 import urllib.parse
@@ -42,17 +46,31 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
 
-from gtrain.sync.s3creds import Credentials, Settings, _BotocoreCredentials, resolve_settings
-from gtrain.sync.s3creds import NoCredentials as NoCredentials  # re-exported: gtrain.sync.s3 catches it
+from gtrain.sync.httpconn import ThreadConns, backoff
+from gtrain.sync.s3auth import (  # re-exported: the names callers and tests know
+    Credentials,
+    NoCredentials,
+    Settings,
+    Signer,
+    _BotocoreCredentials,
+    _quote,
+    canonical_query,
+    resolve_settings,
+)
 
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
-_RETRY_STATUS = {500, 502, 503, 504}
-_RETRY_CODES = {"SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable", "RequestTimeTooSkewed",
-                "ExpiredToken", "Throttling", "ThrottlingException"}
+_RETRY_STATUS = {429, 500, 502, 503, 504}
+_THROTTLE_STATUS = {429, 503}
+_THROTTLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests",
+                   "ServiceUnavailable", "RequestThrottled"}
+_RETRY_CODES = {"RequestTimeout", "InternalError", "ExpiredToken", *_THROTTLE_CODES}
+_SKEW_CODES = {"RequestTimeTooSkewed", "RequestExpired", "InvalidSignatureException"}
 _ATTEMPTS = 5
 _UNRESERVED = "-_.~"
 _USER_AGENT = "gtrain-sync"
 _DNS_BUCKET = re.compile(r"^[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$")
+
+
 class S3WireError(Exception):
     """An S3 error response (``code`` from its XML body, else the HTTP status) or a transport failure
     (``status`` 0). ``gtrain.sync.s3`` translates these into gtrain errors."""
@@ -62,61 +80,8 @@ class S3WireError(Exception):
         super().__init__(f"{code or status}: {message}")
         self.status, self.code, self.message = status, code, message
         self.bucket, self.key, self.bucket_region = bucket, key, bucket_region
-
-
-# ---------------------------------------------------------------------------------------------- signing
-
-
-def _quote(s: str, safe: str = _UNRESERVED) -> str:
-    return urllib.parse.quote(s, safe=safe)
-
-
-def canonical_query(query: dict[str, str]) -> str:
-    return "&".join(f"{_quote(k)}={_quote(v)}" for k, v in sorted(query.items()))
-
-
-class Signer:
-    """AWS Signature Version 4 for S3 (payload signed by its sha256, path not double-encoded)."""
-
-    def __init__(self) -> None:
-        self._keys: dict[tuple[str, str, str], bytes] = {}
-        self._lock = threading.Lock()
-
-    def _key(self, secret: str, date: str, region: str) -> bytes:
-        k = (secret, date, region)
-        with self._lock:
-            got = self._keys.get(k)
-        if got is None:
-            got = hmac.new(("AWS4" + secret).encode(), date.encode(), hashlib.sha256).digest()
-            for part in (region, "s3", "aws4_request"):
-                got = hmac.new(got, part.encode(), hashlib.sha256).digest()
-            with self._lock:
-                self._keys[k] = got
-        return got
-
-    def sign(self, creds: Credentials, region: str, method: str, host: str, path: str, query: dict[str, str],
-             headers: dict[str, str], payload_sha256: str, now: _dt.datetime | None = None) -> dict[str, str]:
-        """``headers`` (lower-case names) plus host, x-amz-date, x-amz-content-sha256, the session token and
-        Authorization. ``path`` is already percent-encoded."""
-        now = now or _dt.datetime.now(_dt.UTC)
-        amz_date = now.strftime("%Y%m%dT%H%M%SZ")
-        date = amz_date[:8]
-        out = dict(headers)
-        out["host"] = host
-        out["x-amz-date"] = amz_date
-        out["x-amz-content-sha256"] = payload_sha256
-        if creds.token:
-            out["x-amz-security-token"] = creds.token
-        names = sorted(out)
-        canonical_headers = "".join(f"{n}:{' '.join(str(out[n]).split())}\n" for n in names)
-        signed = ";".join(names)
-        creq = "\n".join([method, path, canonical_query(query), canonical_headers, signed, payload_sha256])
-        scope = f"{date}/{region}/s3/aws4_request"
-        sts = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(creq.encode()).hexdigest()])
-        sig = hmac.new(self._key(creds.secret_key, date, region), sts.encode(), hashlib.sha256).hexdigest()
-        out["authorization"] = (f"AWS4-HMAC-SHA256 Credential={creds.access_key}/{scope}, "
-                                f"SignedHeaders={signed}, Signature={sig}")
-        return out
+        self.server_time: float | None = None  # epoch seconds the server said it is (ServerTime / Date)
+        self.retry_after: float | None = None
 
 
 # ---------------------------------------------------------------------------------------------- client
@@ -142,18 +107,19 @@ class S3Wire:
     """One client per sync: thread-local keep-alive connections, per-bucket routes, a request log hook."""
 
     def __init__(self, profile: str | None = None, *, settings: Settings | None = None,
-                 timeout: float = 60.0, on_request: Callable[[str, str], None] | None = None) -> None:
+                 timeout: float = 60.0, on_request: Callable[[str, str], None] | None = None,
+                 backoff: float = 1.0) -> None:
         self.settings = settings or resolve_settings(profile)
         self.timeout = timeout
+        self.backoff = backoff  # scales every retry's wait (tests of storms run it small)
+        self.clock_offset = 0.0  # seconds to add to our clock when signing (corrected on RequestTimeTooSkewed)
         self.on_request = on_request
         self.signer = Signer()
-        self._local = threading.local()
+        self.conns = ThreadConns(timeout, self.settings.ca_bundle)
         self._routes: dict[str, _BucketRoute] = {}
         self._routes_lock = threading.Lock()
         self._creds_source: _BotocoreCredentials | None = None
-        self._ssl: ssl.SSLContext | None = None
         self._botocore_client: Any = None
-        self._all_conns: set[http.client.HTTPConnection] = set()
         if self.settings.needs_botocore_credentials:
             self._creds_source = _BotocoreCredentials(self.settings.profile)
 
@@ -215,52 +181,13 @@ class S3Wire:
 
     # -- connections
 
-    def _context(self) -> ssl.SSLContext:
-        if self._ssl is None:
-            self._ssl = ssl.create_default_context(cafile=self.settings.ca_bundle)
-        return self._ssl
-
-    def _conn(self, scheme: str, netloc: str) -> http.client.HTTPConnection:
-        pool: dict[tuple[str, str], http.client.HTTPConnection] = self._local.__dict__.setdefault("pool", {})
-        c = pool.get((scheme, netloc))
-        if c is None:
-            proxy = None
-            proxies = urllib.request.getproxies_environment()
-            host_only = netloc.rsplit(":", 1)[0] if not netloc.endswith("]") else netloc
-            if proxies.get(scheme) and not urllib.request.proxy_bypass(host_only):
-                proxy = urllib.parse.urlsplit(proxies[scheme])
-            target = proxy.netloc if proxy is not None else netloc
-            if scheme == "https":
-                c = http.client.HTTPSConnection(target, timeout=self.timeout, context=self._context())
-            else:
-                c = http.client.HTTPConnection(target, timeout=self.timeout)
-            if proxy is not None:
-                c.set_tunnel(netloc)
-            pool[(scheme, netloc)] = c
-            with self._routes_lock:
-                self._all_conns.add(c)
-        return c
-
-    def _drop(self, scheme: str, netloc: str) -> None:
-        pool: dict[tuple[str, str], http.client.HTTPConnection] = self._local.__dict__.setdefault("pool", {})
-        c = pool.pop((scheme, netloc), None)
-        if c is not None:
-            c.close()
-            with self._routes_lock:
-                self._all_conns.discard(c)
-
     def discard_thread_connections(self) -> None:
         """Close this thread's connections (one whose response was abandoned mid-body cannot be reused)."""
-        for scheme, netloc in list(self._local.__dict__.get("pool", {})):
-            self._drop(scheme, netloc)
+        self.conns.drop_thread()
 
     def close(self) -> None:
         """Close every connection, of every thread (call when no request is in flight)."""
-        with self._routes_lock:
-            conns, self._all_conns = self._all_conns, set()
-        for c in conns:
-            c.close()
-        self._local = threading.local()
+        self.conns.close()
 
     # -- requests
 
@@ -275,27 +202,35 @@ class S3Wire:
         last: S3WireError | None = None
         redirected = False
         for attempt in range(_ATTEMPTS):
-            if attempt:
-                time.sleep(min(5.0, 0.1 * 2 ** attempt) * (0.5 + random.random()))
+            if attempt and last is not None:
+                time.sleep(self._wait(attempt, last))
             route = self._route(bucket)
             path = _quote(f"{route.base_path}/{key}" if key or not route.base_path else route.base_path,
                           safe="/" + _UNRESERVED)
             if not path:
                 path = "/"
+            now = _dt.datetime.now(_dt.UTC) + _dt.timedelta(seconds=self.clock_offset)
             signed = self.signer.sign(self.credentials(), route.region, method, route.netloc, path, query, headers,
-                                      payload)
+                                      payload, now=now)
             signed["user-agent"] = _USER_AGENT
             if body or method in ("PUT", "POST"):
                 signed["content-length"] = str(len(body))
             target = path + ("?" + canonical_query(query) if query else "")
             if self.on_request is not None:
                 self.on_request(method, target)
-            conn = self._conn(route.scheme, route.netloc)
+            proxy, proxy_auth = self.conns.proxy(route.scheme, route.netloc)
+            if proxy is not None and route.scheme == "http":  # not signed: the proxy takes it off
+                target = f"http://{route.netloc}{target}"
+                if proxy_auth:
+                    signed["proxy-authorization"] = proxy_auth
+            conn = self.conns.get(route.scheme, route.netloc)
             try:
                 conn.request(method, target, body=body or None, headers=signed)
                 resp = conn.getresponse()
             except (OSError, http.client.HTTPException) as e:
-                self._drop(route.scheme, route.netloc)
+                self.conns.drop(route.scheme, route.netloc)
+                if proxy is not None and " 407" in str(e):  # the CONNECT was refused for want of credentials
+                    raise _proxy_auth_error(proxy, bucket, key) from e
                 last = S3WireError(0, type(e).__name__, f"{route.scheme}://{route.netloc}: {e}", bucket=bucket,
                                    key=key)
                 continue
@@ -306,23 +241,28 @@ class S3Wire:
                 try:
                     data = resp.read()  # all of it, or IncompleteRead: a body cut short is sent for again
                 except (OSError, http.client.HTTPException) as e:
-                    self._drop(route.scheme, route.netloc)
+                    self.conns.drop(route.scheme, route.netloc)
                     last = S3WireError(0, type(e).__name__, f"{route.scheme}://{route.netloc}: the answer broke "
                                                             f"off: {e}", bucket=bucket, key=key)
                     continue
                 if resp.will_close:
-                    self._drop(route.scheme, route.netloc)
+                    self.conns.drop(route.scheme, route.netloc)
                 return Response(resp.status, rheaders, data)
             try:
                 data = resp.read()
             except (OSError, http.client.HTTPException):
                 data = b""
             if resp.will_close:
-                self._drop(route.scheme, route.netloc)
+                self.conns.drop(route.scheme, route.netloc)
+            if resp.status == 407 and proxy is not None:
+                raise _proxy_auth_error(proxy, bucket, key)
             err = _error(resp.status, rheaders, data, bucket, key)
             if err.bucket_region and err.bucket_region != route.region and not redirected:
                 redirected = True
                 self._reroute(bucket, err.bucket_region)
+                continue
+            if err.code in _SKEW_CODES and self._correct_clock(err, now):
+                last = None  # re-signed at once with the server's time
                 continue
             if resp.status in _RETRY_STATUS or err.code in _RETRY_CODES:
                 last = err
@@ -331,12 +271,34 @@ class S3Wire:
         assert last is not None
         raise last
 
+    def _correct_clock(self, err: S3WireError, signed_at: _dt.datetime) -> bool:
+        """Take the server's clock where ours is off by more than a minute from it; False: nothing to correct."""
+        if err.server_time is None:
+            return False
+        skew = err.server_time - signed_at.timestamp()
+        if abs(skew) < 60:
+            return False
+        self.clock_offset += skew
+        return True
+
+    def _wait(self, attempt: int, err: S3WireError) -> float:
+        throttled = err.status in _THROTTLE_STATUS or err.code in _THROTTLE_CODES
+        return backoff(attempt, throttled=throttled, retry_after=err.retry_after, scale=self.backoff)
+
+
+def _proxy_auth_error(proxy: str, bucket: str, key: str) -> S3WireError:
+    return S3WireError(407, "ProxyAuthenticationRequired",
+                       f"the proxy {proxy} asks for credentials (407): put them in the proxy URL "
+                       "(HTTPS_PROXY=http://USER:PASSWORD@host:port) or set NO_PROXY for this endpoint",
+                       bucket=bucket, key=key)
+
 
 def _error(status: int, headers: dict[str, str], body: bytes, bucket: str, key: str) -> S3WireError:
-    code, message, region = "", "", headers.get("x-amz-bucket-region")
+    code, message, region, server_time = "", "", headers.get("x-amz-bucket-region"), ""
     if body:
         try:
             root = parse_xml(body)
+            server_time = (root.findtext("ServerTime") or "").strip()
             code = (root.findtext("Code") or "").strip()
             message = (root.findtext("Message") or "").strip()
             region = region or root.findtext("Region") or None
@@ -345,8 +307,19 @@ def _error(status: int, headers: dict[str, str], body: bytes, bucket: str, key: 
     if not code:
         code = {301: "PermanentRedirect", 304: "NotModified", 400: "BadRequest", 403: "AccessDenied",
                 404: "NotFound", 412: "PreconditionFailed"}.get(status, str(status))
-    return S3WireError(status, code, message or http.client.responses.get(status, ""), bucket=bucket, key=key,
-                       bucket_region=region)
+    err = S3WireError(status, code, message or http.client.responses.get(status, ""), bucket=bucket, key=key,
+                      bucket_region=region)
+    if server_time:
+        try:
+            err.server_time = _dt.datetime.fromisoformat(server_time.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            pass
+    if err.server_time is None and headers.get("date"):
+        with contextlib.suppress(TypeError, ValueError):
+            err.server_time = email.utils.parsedate_to_datetime(headers["date"]).timestamp()
+    with contextlib.suppress(ValueError):
+        err.retry_after = float(headers["retry-after"]) if "retry-after" in headers else None
+    return err
 
 
 # ---------------------------------------------------------------------------------------------- S3 calls
@@ -381,7 +354,7 @@ def list_objects(wire: S3Wire, bucket: str, prefix: str) -> Iterator[Listed]:
         if root.tag != "ListBucketResult":
             raise S3WireError(r.status, "MalformedResponse", f"ListObjectsV2 answered <{root.tag}>", bucket=bucket)
         for c in root.iter("Contents"):
-            yield Listed(urllib.parse.unquote(c.findtext("Key") or ""), int(c.findtext("Size") or 0),
+            yield Listed(urllib.parse.unquote_plus(c.findtext("Key") or ""), int(c.findtext("Size") or 0),
                          (c.findtext("ETag") or "").strip('"'))
         if (root.findtext("IsTruncated") or "").lower() != "true":
             return
@@ -394,9 +367,12 @@ def multipart_etag(part_md5s: list[bytes]) -> str:
     return f"{hashlib.md5(b''.join(part_md5s), usedforsecurity=False).hexdigest()}-{len(part_md5s)}"
 
 
-def complete_xml(etags: list[str]) -> bytes:
-    parts = "".join(f"<Part><PartNumber>{i}</PartNumber><ETag>\"{e}\"</ETag></Part>"
-                    for i, e in enumerate(etags, 1))
+def complete_xml(etags: list[str], sha256s: list[str] | None = None) -> bytes:
+    """``sha256s``: each part's base64 sha256 (the parts were sent with ``x-amz-checksum-sha256``)."""
+    sums = sha256s or [""] * len(etags)
+    parts = "".join(f"<Part><PartNumber>{i}</PartNumber><ETag>\"{e}\"</ETag>"
+                    + (f"<ChecksumSHA256>{c}</ChecksumSHA256>" if c else "") + "</Part>"
+                    for i, (e, c) in enumerate(zip(etags, sums, strict=True), 1))
     return f"<CompleteMultipartUpload>{parts}</CompleteMultipartUpload>".encode()
 
 
@@ -424,3 +400,8 @@ def file_part(path: Path, offset: int, length: int) -> bytes:
     if len(data) != length:
         raise OSError(f"{path}: expected {length} bytes at offset {offset}, read {len(data)} (file shrank?)")
     return data
+
+
+__all__ = ["EMPTY_SHA256", "Credentials", "Listed", "NoCredentials", "Response", "S3Wire", "S3WireError", "Settings",
+           "Signer", "b64", "canonical_query", "complete_xml", "delete_xml", "file_part", "list_objects", "md5_b64",
+           "multipart_etag", "parse_xml", "resolve_settings"]

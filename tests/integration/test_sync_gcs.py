@@ -201,23 +201,24 @@ def test_dry_run_changes_nothing(tmp_path: Path, gcs: Any, bucket: str, gtrain_h
     assert r.downloaded == len(files) + 1 and not dst.exists()
 
 
-def test_large_file_is_one_resumable_stream(tmp_path: Path, bucket: str) -> None:
-    import requests
-
+def test_large_file_is_one_resumable_stream(tmp_path: Path, bucket: str, gcs_emulator: str) -> None:
     src, dst = tmp_path / "src", tmp_path / "dst"
     src.mkdir()
     big = os.urandom(20 * MiB + 321)
     (src / "ckpt.pt").write_bytes(big)
-    calls: list[tuple[str, str]] = []
-    session = requests.Session()  # hooks: the backend goes through session.request (the general path)
-    session.hooks["response"].append(lambda resp, *a, **k: calls.append((resp.request.method, resp.request.url)))
+    relay = counting_relay(gcs_emulator)
+    calls = relay.calls
     events: list[ProgressEvent] = []
     url = f"gs://{bucket}/ckpt"
 
-    r = sync(str(src), url, on_progress=events.append, client_factory=lambda: new_client(session), **SMALL_CHUNKS)
+    try:
+        r = sync(str(src), url, on_progress=events.append, client_factory=relay.client, **SMALL_CHUNKS)
+    finally:
+        relay.close()
     assert r.uploaded == 1
     uploads = [(m, u) for m, u in calls if "/upload/" in u]
-    assert [m for m, _ in uploads] == ["POST", "PUT"] and "uploadType=resumable" in uploads[0][1]
+    # one resumable session (its PUT goes to the session URL the emulator names: its own address, past the relay)
+    assert [m for m, _ in uploads] == ["POST"] and "uploadType=resumable" in uploads[0][1]
     assert events[-1].phase == "done" and events[-1].bytes_done == events[-1].bytes_total == len(big)
     blob = new_client().bucket(bucket).get_blob("ckpt/ckpt.pt")
     assert blob.size == len(big) and blob.md5_hash is not None
@@ -228,23 +229,24 @@ def test_large_file_is_one_resumable_stream(tmp_path: Path, bucket: str) -> None
     assert leftovers(dst) == []
 
 
-def test_one_request_per_small_file_through_an_instrumented_session(tmp_path: Path, bucket: str) -> None:
-    import requests
-
+def test_one_request_per_small_file(tmp_path: Path, bucket: str, gcs_emulator: str) -> None:
+    """Counted by a relay in front of the emulator: one upload per small file, one media GET per download."""
     src, dst = tmp_path / "src", tmp_path / "dst"
     files = make_tree(src, n=6)
-    calls: list[tuple[str, str]] = []
-    session = requests.Session()
-    session.hooks["response"].append(lambda resp, *a, **k: calls.append((resp.request.method, resp.request.url)))
+    relay = counting_relay(gcs_emulator)
+    calls = relay.calls
     url = f"gs://{bucket}/inst"
-
-    assert sync(str(src), url, client_factory=lambda: new_client(session)).uploaded == len(files)
-    posts = [u for m, u in calls if m == "POST"]
-    assert len(posts) == len(files) and all("uploadType=multipart" in u and "ifGenerationMatch=0" in u for u in posts)
-    calls.clear()
-    assert sync(url, str(dst), client_factory=lambda: new_client(session)).downloaded == len(files)
-    media = [u for m, u in calls if "/download/" in u]
-    assert len(media) == len(files) and len(calls) <= len(files) + 2  # + the listing
+    try:
+        assert sync(str(src), url, client_factory=relay.client).uploaded == len(files)
+        posts = [u for m, u in calls if m == "POST"]
+        assert len(posts) == len(files) and all("uploadType=multipart" in u and "ifGenerationMatch=0" in u
+                                                for u in posts)
+        calls.clear()
+        assert sync(url, str(dst), client_factory=relay.client).downloaded == len(files)
+    finally:
+        relay.close()
+    media = [u for m, u in calls if "/download/" in u or "alt=media" in u]
+    assert len(media) == len(files) and len(calls) <= len(files) + 2, calls  # + the listing
     assert read_tree(dst) == files
 
 
@@ -345,6 +347,33 @@ def test_bad_gcs_urls_are_config_errors(tmp_path: Path, url: str) -> None:
     assert e.value.field == "DST"
 
 
+class _Counting:
+    """A relay in front of the emulator that records every request (method, path) it passes on."""
+
+    def __init__(self, upstream: str, chunked: bool = False) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.handler = type("Proxy", (_ChunkingProxy,), {"upstream": upstream.removeprefix("http://"),
+                                                         "calls": self.calls, "chunked": chunked, "served": 0})
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self.handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def client(self) -> Any:
+        from google.auth.credentials import AnonymousCredentials
+        from google.cloud import storage
+
+        return storage.Client(project="gtrain-test", credentials=AnonymousCredentials(),
+                              client_options={"api_endpoint": self.endpoint})
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def counting_relay(upstream: str, chunked: bool = False) -> _Counting:
+    return _Counting(upstream, chunked)
+
+
 class _ChunkingProxy(BaseHTTPRequestHandler):
     """Relays to the emulator and answers with ``Transfer-Encoding: chunked``; every third response closes
     its connection without announcing it (what a server does to a kept-alive connection it timed out)."""
@@ -352,8 +381,11 @@ class _ChunkingProxy(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     upstream = ""
     served = 0
+    calls: list[tuple[str, str]] = []
+    chunked = True
 
     def relay(self) -> None:
+        type(self).calls.append((self.command, self.path))
         n = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(n) if n else None
         skip = {"host", "content-length", "connection", "transfer-encoding"}
@@ -369,6 +401,11 @@ class _ChunkingProxy(BaseHTTPRequestHandler):
         for k, v in r.getheaders():
             if k.lower() not in skip | {"date", "server"}:
                 self.send_header(k, v)
+        if not self.chunked:
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         for i in range(0, len(data), 1000):
@@ -388,18 +425,9 @@ class _ChunkingProxy(BaseHTTPRequestHandler):
 def test_chunked_responses_and_dropped_keepalive_connections(tmp_path: Path, gcs_emulator: str, bucket: str) -> None:
     """The backend's own HTTP/1.1 framing: chunked bodies (with extensions and trailers) and kept-alive
     connections the server closed unannounced, through a relay in front of the emulator."""
-    from google.auth.credentials import AnonymousCredentials
-    from google.cloud import storage
-
-    handler = type("Proxy", (_ChunkingProxy,), {"upstream": gcs_emulator.removeprefix("http://")})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    relay = counting_relay(gcs_emulator, chunked=True)
+    handler, client = relay.handler, relay.client
     try:
-        def client() -> Any:
-            return storage.Client(project="gtrain-test", credentials=AnonymousCredentials(),
-                                  client_options={"api_endpoint": endpoint})
-
         src, dst = tmp_path / "src", tmp_path / "dst"
         files = make_tree(src, n=40, size=3000)
         files["big.bin"] = os.urandom(2 * MiB + 7)
@@ -410,5 +438,4 @@ def test_chunked_responses_and_dropped_keepalive_connections(tmp_path: Path, gcs
         assert read_tree(dst) == files
         assert handler.served > len(files)
     finally:
-        server.shutdown()
-        server.server_close()
+        relay.close()

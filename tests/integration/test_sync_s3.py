@@ -1,6 +1,6 @@
-"""``gtrain sync`` against a real moto S3 server over HTTP (one server per run: tests/fixtures/moto_server.py).
-
-Nothing is mocked: boto3 talks HTTP to moto, files are real, an interrupted sync is a real killed process.
+"""``gtrain sync`` against a real S3 server, SeaweedFS, over HTTP (one server per run, every signature checked:
+tests/fixtures/seaweedfs.py). Nothing is mocked: boto3 talks HTTP to it, files are real, an interrupted sync
+is a real killed process.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 import textwrap
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,23 +21,20 @@ import pytest
 
 from gtrain.errors import ConfigError, CredentialsError, SyncError
 from gtrain.sync.objstore import TMP_TAG, ProgressEvent, sync
+from tests.fixtures.seaweedfs import Weed
 
 MiB = 1024 * 1024
 SMALL_PARTS = {"multipart_threshold": 5 * MiB, "part_size": 5 * MiB}  # S3's minimum part size
 
 
 @pytest.fixture
-def s3(moto_server: str) -> Any:
-    import boto3
-
-    return boto3.client("s3")
+def s3(weed_s3: Any) -> Any:
+    return weed_s3
 
 
 @pytest.fixture
-def bucket(s3: Any) -> Iterator[str]:
-    name = f"gt-{uuid.uuid4().hex[:12]}"
-    s3.create_bucket(Bucket=name)
-    yield name
+def bucket(weed_bucket: str) -> str:
+    return weed_bucket
 
 
 def make_tree(root: Path, n: int = 20, size: int = 700) -> dict[str, bytes]:
@@ -92,7 +89,7 @@ def test_upload_download_roundtrip_and_noop_resync(tmp_path: Path, s3: Any, buck
 
 
 def test_noop_resync_of_1000_files_is_one_listing_under_a_second(tmp_path: Path, bucket: str,
-                                                                moto_server: str) -> None:
+                                                                weed_env: Weed) -> None:
     from gtrain.sync.s3wire import S3Wire
 
     src = tmp_path / "src"
@@ -291,23 +288,42 @@ def test_interrupted_download_resumes_and_cleans_temp_files(tmp_path: Path, s3: 
     assert read_tree(dst) == files
 
 
-def test_keys_escaping_the_destination_are_refused(tmp_path: Path, s3: Any, bucket: str) -> None:
-    dst = tmp_path / "deep" / "dst"
-    s3.put_object(Bucket=bucket, Key="p/ok.txt", Body=b"ok")
-    s3.put_object(Bucket=bucket, Key="p/../../evil.txt", Body=b"evil")
-    with pytest.raises(SyncError, match=r"p/\.\./\.\./evil\.txt"):
-        sync(f"s3://{bucket}/p", str(dst))
-    assert not dst.exists()
-    assert list(tmp_path.rglob("evil*")) == []
+@pytest.mark.parametrize(("evil", "match"), [("p/../../evil.txt", r"p/\.\./\.\./evil\.txt"),
+                                            ("p//etc/passwd", "outside the destination")])
+def test_keys_escaping_the_destination_are_refused(tmp_path: Path, s3: Any, bucket: str, weed_env: Weed,
+                                                   evil: str, match: str) -> None:
+    """A hostile listing (a real server refuses such keys on PUT: a relay answers the ListObjectsV2 itself)
+    naming a key that would land outside the destination refuses the whole download before any write."""
+    from xml.sax.saxutils import escape
 
-    s3.delete_object(Bucket=bucket, Key="p/../../evil.txt")
-    s3.put_object(Bucket=bucket, Key="p//etc/passwd", Body=b"evil")
-    with pytest.raises(SyncError, match="outside the destination"):
-        sync(f"s3://{bucket}/p", str(dst))
-    assert not dst.exists()
+    from gtrain.sync.s3wire import S3Wire, resolve_settings
+
+    def listing(h: Any, body: bytes | None, data: bytes) -> bool:
+        if data or h.command != "GET" or "list-type=2" not in h.path:
+            return False
+        items = "".join(f"<Contents><Key>{escape(k)}</Key><Size>2</Size><ETag>&quot;{'0' * 32}&quot;</ETag>"
+                        "</Contents>" for k in ("p/ok.txt", evil))
+        xml = (f"<ListBucketResult><Name>{bucket}</Name><IsTruncated>false</IsTruncated>{items}"
+               "</ListBucketResult>").encode()
+        h.send_response(200)
+        h.send_header("Content-Length", str(len(xml)))
+        h.end_headers()
+        h.wfile.write(xml)
+        return True
+
+    relay = _Relay(weed_env.endpoint.removeprefix("http://"), listing)
+    try:
+        env = {**os.environ, "AWS_ENDPOINT_URL": relay.endpoint}
+        dst = tmp_path / "deep" / "dst"
+        with pytest.raises(SyncError, match=match):
+            sync(f"s3://{bucket}/p", str(dst), client_factory=lambda: S3Wire(settings=resolve_settings(env=env)))
+        assert not dst.exists()
+        assert list(tmp_path.rglob("evil*")) == [] and list(tmp_path.rglob("passwd")) == []
+    finally:
+        relay.close()
 
 
-def test_missing_bucket_is_a_config_error_naming_it(tmp_path: Path, moto_server: str) -> None:
+def test_missing_bucket_is_a_config_error_naming_it(tmp_path: Path, weed_env: Weed) -> None:
     (tmp_path / "src").mkdir()
     name = f"no-such-{uuid.uuid4().hex[:8]}"
     with pytest.raises(ConfigError, match=name) as e:
@@ -319,7 +335,7 @@ def test_missing_bucket_is_a_config_error_naming_it(tmp_path: Path, moto_server:
     assert not (tmp_path / "dst").exists()
 
 
-def test_no_credentials_is_a_credentials_error(tmp_path: Path, moto_server: str,
+def test_no_credentials_is_a_credentials_error(tmp_path: Path, weed_env: Weed,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
         monkeypatch.delenv(k, raising=False)
@@ -359,40 +375,12 @@ def test_bad_locations_are_config_errors(tmp_path: Path, src: str, dst: str, fie
     assert e.value.field == field
 
 
-@pytest.fixture
-def moto_checks_signatures(moto_server: str) -> Iterator[tuple[str, str]]:
-    """An IAM user's key pair, with moto verifying every request's SigV4 signature (it recomputes it with
-    botocore's signer) for the duration of the test."""
-    import urllib.request
-
-    import boto3
-
-    iam = boto3.client("iam")
-    user = f"sync-{uuid.uuid4().hex[:8]}"
-    iam.create_user(UserName=user)
-    iam.put_user_policy(UserName=user, PolicyName="s3", PolicyDocument='{"Version": "2012-10-17", "Statement": '
-                        '[{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}')
-    key = iam.create_access_key(UserName=user)["AccessKey"]
-
-    def auth_after(n: str) -> None:
-        req = urllib.request.Request(f"{moto_server}/moto-api/reset-auth", data=n.encode(), method="POST",
-                                     headers={"Content-Type": "text/plain"})  # not a form: moto reads the body
-        urllib.request.urlopen(req, timeout=10).read()
-
-    auth_after("0")
-    try:
-        yield key["AccessKeyId"], key["SecretAccessKey"]
-    finally:
-        auth_after("inf")
-
-
-def test_signatures_are_accepted_by_a_verifying_server(tmp_path: Path, bucket: str,
-                                                       moto_checks_signatures: tuple[str, str],
+def test_signatures_are_accepted_by_a_verifying_server(tmp_path: Path, bucket: str, weed_env: Weed,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    access, secret = moto_checks_signatures
+    """SeaweedFS recomputes every request's SigV4 signature: each kind of call goes through, and the same
+    sync with a wrong secret is refused as a CredentialsError (nothing written)."""
+    access, secret = weed_env.env()["AWS_ACCESS_KEY_ID"], weed_env.env()["AWS_SECRET_ACCESS_KEY"]
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", access)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
-    monkeypatch.delenv("AWS_SESSION_TOKEN")
     src, dst = tmp_path / "src", tmp_path / "dst"
     files = make_tree(src, n=3)
     files["big.bin"] = os.urandom(11 * MiB)
@@ -471,14 +459,32 @@ def test_a_killed_multipart_upload_is_resumed_or_aborted(tmp_path: Path, s3: Any
     assert r.uploaded >= 1
 
 
+def forward_head(h: Any, upstream: str, path: str, body: bytes | None, headers: dict[str, str]) -> bytes:
+    """Ask ``upstream`` (host:port) the request ``h`` is handling, send its status and headers back through
+    ``h`` (the body's own Content-Length) and return the body for the caller to send (or not)."""
+    import http.client
+
+    c = http.client.HTTPConnection(upstream, timeout=30)
+    c.request(h.command, path, body=body, headers=headers)
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    h.send_response(r.status)
+    for k, v in r.getheaders():
+        if k.lower() not in ("content-length", "connection", "transfer-encoding", "server", "date"):
+            h.send_header(k, v)
+    h.send_header("Content-Length", r.getheader("Content-Length", "0") if h.command == "HEAD" else str(len(data)))
+    h.end_headers()
+    return bytes(data)
+
+
 class _Relay:
-    """A plain-HTTP relay in front of moto for tests of what the network does to the client. ``intercept``
-    is called with (handler, request body, b"") before moto is asked (True: the test answered it) and with
-    moto's answer body once the headers went out (True: the test sent, or cut short, the body itself);
+    """A plain-HTTP relay in front of the S3 server for tests of what the network does to the client. ``intercept``
+    is called with (handler, request body, b"") before the server is asked (True: the test answered it) and with
+    the server's answer body once the headers went out (True: the test sent, or cut short, the body itself);
     everything else is passed through, each answer whole with its own Content-Length."""
 
     def __init__(self, upstream: str, intercept: Callable[[Any, bytes | None, bytes], bool]) -> None:
-        import http.client
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -488,21 +494,10 @@ class _Relay:
             def _any(self) -> None:
                 n = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(n) if n else None
-                if intercept(self, body, b""):  # answered by the test: moto never sees it
+                if intercept(self, body, b""):  # answered by the test: the server never sees it
                     return
-                c = http.client.HTTPConnection(upstream, timeout=30)
-                c.request(self.command, self.path, body=body,
-                          headers={k: v for k, v in self.headers.items() if k.lower() != "host"} | {"Host": upstream})
-                r = c.getresponse()
-                data = r.read()
-                c.close()
-                self.send_response(r.status)
-                for k, v in r.getheaders():
-                    if k.lower() not in ("content-length", "connection", "transfer-encoding", "server", "date"):
-                        self.send_header(k, v)
-                self.send_header("Content-Length", r.getheader("Content-Length", "0") if self.command == "HEAD"
-                                 else str(len(data)))
-                self.end_headers()
+                # the Host header as the client signed it (a server checking SigV4 recomputes it with it)
+                data = forward_head(self, upstream, self.path, body, dict(self.headers.items()))
                 if self.command != "HEAD" and not intercept(self, body, data):
                     self.wfile.write(data)
 
@@ -521,8 +516,8 @@ class _Relay:
 
 
 def test_a_download_stream_that_breaks_is_fetched_again(tmp_path: Path, s3: Any, bucket: str,
-                                                         moto_server: str) -> None:
-    """A relay in front of moto sends half of a body and drops the connection, once for a small object's GET
+                                                         weed_env: Weed) -> None:
+    """A relay in front of the S3 server sends half of a body and drops the connection, once for a small object's GET
     and once for a large one's first ranged GET: each is fetched again, and nothing partial is kept."""
     import socket
 
@@ -542,7 +537,7 @@ def test_a_download_stream_that_breaks_is_fetched_again(tmp_path: Path, s3: Any,
         h.close_connection = True
         return True
 
-    relay = _Relay(moto_server.removeprefix("http://"), cut)
+    relay = _Relay(weed_env.endpoint.removeprefix("http://"), cut)
     try:
         data = os.urandom(300_000)
         s3.put_object(Bucket=bucket, Key="b/victim.bin", Body=data)
@@ -560,8 +555,8 @@ def test_a_download_stream_that_breaks_is_fetched_again(tmp_path: Path, s3: Any,
         relay.close()
 
 
-def test_a_bucket_in_another_region_is_followed(tmp_path: Path, s3: Any, bucket: str, moto_server: str) -> None:
-    """As S3 does for a bucket of another region, a relay in front of moto answers 301 PermanentRedirect with
+def test_a_bucket_in_another_region_is_followed(tmp_path: Path, s3: Any, bucket: str, weed_env: Weed) -> None:
+    """As S3 does for a bucket of another region, a relay in front of the S3 server answers 301 PermanentRedirect with
     ``x-amz-bucket-region`` to requests signed for the wrong region: the client re-signs for the bucket's own
     region (as botocore's redirector does) and the sync goes through."""
     import re
@@ -586,7 +581,7 @@ def test_a_bucket_in_another_region_is_followed(tmp_path: Path, s3: Any, bucket:
         h.wfile.write(err if h.command != "HEAD" else b"")
         return True
 
-    relay = _Relay(moto_server.removeprefix("http://"), redirect)
+    relay = _Relay(weed_env.endpoint.removeprefix("http://"), redirect)
     try:
         src = tmp_path / "src"
         files = make_tree(src, n=5)

@@ -1,14 +1,19 @@
-"""Where the S3 client gets its credentials and endpoint: the environment (``AWS_ACCESS_KEY_ID`` / ...), static
-keys of the profile in the shared credentials / config files, and for every other source (SSO, assume-role,
-web identity, ``credential_process``, container and instance roles) botocore's own chain, imported only then.
-Used by :mod:`gtrain.sync.s3wire` (which re-exports these names); stdlib only otherwise."""
+"""Where S3 requests go and who signs them: the environment / profile settings, credentials (static, or
+botocore's chain for everything else) and Signature V4. Stdlib only (botocore imported only when its chain
+is needed). Used by :mod:`gtrain.sync.s3wire`."""
 
 from __future__ import annotations
 
 import configparser
+import datetime as _dt
+import hashlib
+import hmac
 import os
+import threading
+import urllib.parse
 from dataclasses import dataclass
 
+_UNRESERVED = "-_.~"
 # profile keys that mean "botocore resolves the credentials" (its chain puts them before the static keys)
 _COMPLEX_CRED_KEYS = ("role_arn", "credential_source", "source_profile", "web_identity_token_file",
                       "sso_session", "sso_start_url", "credential_process", "login_session")
@@ -79,7 +84,8 @@ def resolve_settings(profile: str | None = None, env: dict[str, str] | None = No
                                      src.get("aws_session_token") or None)
                 break
 
-    region = env.get("AWS_DEFAULT_REGION") or config.get("region") or "us-east-1"
+    # AWS_REGION first, as the other AWS SDKs and the CLI v2 read it (botocore reads only AWS_DEFAULT_REGION)
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or config.get("region") or "us-east-1"
     endpoint: str | None = None
     complex_endpoint = False
     if env.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "").lower() != "true" and \
@@ -111,3 +117,58 @@ class _BotocoreCredentials:
     def get(self) -> Credentials:
         f = self._creds.get_frozen_credentials()  # refreshes temporary credentials when they near expiry
         return Credentials(f.access_key, f.secret_key, f.token or None)
+
+
+# ---------------------------------------------------------------------------------------------- signing
+
+
+def _quote(s: str, safe: str = _UNRESERVED) -> str:
+    return urllib.parse.quote(s, safe=safe)
+
+
+def canonical_query(query: dict[str, str]) -> str:
+    return "&".join(f"{_quote(k)}={_quote(v)}" for k, v in sorted(query.items()))
+
+
+class Signer:
+    """AWS Signature Version 4 for S3 (payload signed by its sha256, path not double-encoded)."""
+
+    def __init__(self) -> None:
+        self._keys: dict[tuple[str, str, str], bytes] = {}
+        self._lock = threading.Lock()
+
+    def _key(self, secret: str, date: str, region: str) -> bytes:
+        k = (secret, date, region)
+        with self._lock:
+            got = self._keys.get(k)
+        if got is None:
+            got = hmac.new(("AWS4" + secret).encode(), date.encode(), hashlib.sha256).digest()
+            for part in (region, "s3", "aws4_request"):
+                got = hmac.new(got, part.encode(), hashlib.sha256).digest()
+            with self._lock:
+                self._keys[k] = got
+        return got
+
+    def sign(self, creds: Credentials, region: str, method: str, host: str, path: str, query: dict[str, str],
+             headers: dict[str, str], payload_sha256: str, now: _dt.datetime | None = None) -> dict[str, str]:
+        """``headers`` (lower-case names) plus host, x-amz-date, x-amz-content-sha256, the session token and
+        Authorization. ``path`` is already percent-encoded."""
+        now = now or _dt.datetime.now(_dt.UTC)
+        amz_date = now.strftime("%Y%m%dT%H%M%SZ")
+        date = amz_date[:8]
+        out = dict(headers)
+        out["host"] = host
+        out["x-amz-date"] = amz_date
+        out["x-amz-content-sha256"] = payload_sha256
+        if creds.token:
+            out["x-amz-security-token"] = creds.token
+        names = sorted(out)
+        canonical_headers = "".join(f"{n}:{' '.join(str(out[n]).split())}\n" for n in names)
+        signed = ";".join(names)
+        creq = "\n".join([method, path, canonical_query(query), canonical_headers, signed, payload_sha256])
+        scope = f"{date}/{region}/s3/aws4_request"
+        sts = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(creq.encode()).hexdigest()])
+        sig = hmac.new(self._key(creds.secret_key, date, region), sts.encode(), hashlib.sha256).hexdigest()
+        out["authorization"] = (f"AWS4-HMAC-SHA256 Credential={creds.access_key}/{scope}, "
+                                f"SignedHeaders={signed}, Signature={sig}")
+        return out
