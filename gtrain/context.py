@@ -86,7 +86,7 @@ class Context:
     def event(self, cluster: Cluster, kind: str, **fields: Any) -> None:
         """One record of the run's timeline (up, launch, recovery, preflight, down) in the run archive, for
         `gtrain report`; best effort: a full disk never stops a command."""
-        from gtrain.runlog import archive
+        from gtrain.runlog.events import record_event
 
         with contextlib.suppress(OSError, ValueError):
-            archive.record_event(self.store.home, cluster.id, kind, **fields)
+            record_event(self.store.home, cluster.id, kind, **fields)

@@ -28,6 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 from gtrain import redact
 from gtrain.errors import ClusterNotFound, GtrainError
+from gtrain.runlog.events import EVENT_KINDS as EVENT_KINDS  # re-exported: the archive's public names
+from gtrain.runlog.events import cluster_dir as cluster_dir
+from gtrain.runlog.events import job_dir, runs_root
+from gtrain.runlog.events import read_events as read_events
+from gtrain.runlog.events import record_event as record_event
 
 if TYPE_CHECKING:
     from gtrain.context import Context
@@ -38,52 +43,7 @@ if TYPE_CHECKING:
 MAX_LOG_LINES = 200_000
 MAX_FILE_BYTES = 64 * 2**20
 DEFAULT_MAX_MB = 2048
-EVENT_KINDS = ("up", "launch", "recovery", "preflight", "down")
 TB_ENV = "GTRAIN_TENSORBOARD_DIR"
-
-
-def runs_root(home: Path) -> Path:
-    return Path(home) / "runs"
-
-
-def cluster_dir(home: Path, cluster_id: str) -> Path:
-    return runs_root(home) / cluster_id
-
-
-def job_dir(home: Path, cluster_id: str, job_id: str) -> Path:
-    return cluster_dir(home, cluster_id) / "jobs" / job_id
-
-
-# ---- events --------------------------------------------------------------------------------------------
-
-
-def record_event(home: Path, cluster_id: str, kind: str, *, t: float | None = None, **fields: Any) -> dict[str, Any]:
-    """Append one event to the cluster's timeline: ``{"t": epoch, "kind": KIND, ...fields}``. ``kind`` is one of
-    :data:`EVENT_KINDS` (others are kept too, and shown as they are); usual fields: ``job``, ``node``, ``msg``,
-    ``ok`` (preflight), ``market``."""
-    rec = {"t": time.time() if t is None else t, "kind": kind, **fields}
-    d = cluster_dir(home, cluster_id)
-    d.mkdir(parents=True, exist_ok=True)
-    with open(d / "events.jsonl", "a", encoding="utf-8") as f:
-        f.write(redact.scrub(json.dumps(redact.scrub_obj(rec), separators=(",", ":"), default=str)) + "\n")
-    return rec
-
-
-def read_events(home: Path, cluster_id: str) -> list[dict[str, Any]]:
-    path = cluster_dir(home, cluster_id) / "events.jsonl"
-    out: list[dict[str, Any]] = []
-    try:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(rec, dict) and isinstance(rec.get("t"), int | float) and "kind" in rec:
-                    out.append(rec)
-    except FileNotFoundError:
-        pass
-    return sorted(out, key=lambda e: e["t"])
 
 
 # ---- finding a cluster or a job, gone or not -----------------------------------------------------------

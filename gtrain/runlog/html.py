@@ -111,7 +111,12 @@ def _events(run: RunData) -> list[dict[str, Any]]:
 
 def render_report(run: RunData) -> str:
     """The report as one HTML document."""
-    from gtrain import __version__
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        __version__ = version("gtrain")
+    except PackageNotFoundError:
+        __version__ = "dev"
 
     summary = run.summary()
     return str(_template().render(
