@@ -105,6 +105,11 @@ def logs(cluster: str, *, job_id: str | None = None, follow: bool = False, tail:
         if tail is not None and tail < 0:
             raise ConfigError(f"--tail {tail}: give a number of lines, 0 or more", field="--tail")
         job = resolve_job(c, ctx, job_id)
+        if follow:  # whoever waits on a job recovers it from a lost node, as its policy says
+            from gtrain.checkpoints.recovery import wait as wait_recovering
+
+            return wait_recovering(c, job, ctx, on_line or (lambda _line: None), tail=tail,
+                                   nodes=None if node is None else [node], rank=rank)
         return follow_job(c, job, ctx, on_line or (lambda _line: None), follow=follow, tail=tail,
                            nodes=None if node is None else [node], rank=rank)
     finally:
@@ -114,6 +119,13 @@ def logs(cluster: str, *, job_id: str | None = None, follow: bool = False, tail:
 def wait(cluster: str, *, job_id: str | None = None, on_line: Callable[[LogLine], None] | None = None,
          report: Reporter | None = None) -> Job:
     """Follow a job to its end; the returned record's ``exit_code`` is the job's own."""
+    return logs(cluster, job_id=job_id, follow=True, on_line=on_line, report=report)
+
+
+def watch(cluster: str, *, job_id: str | None = None, on_line: Callable[[LogLine], None] | None = None,
+          report: Reporter | None = None) -> Job:
+    """Follow the cluster's job (default: its newest) to its end, recovering it from lost nodes as its
+    ``policies.recovery`` says; a recovery a killed watcher left halfway is continued, not redone."""
     return logs(cluster, job_id=job_id, follow=True, on_line=on_line, report=report)
 
 
@@ -136,6 +148,11 @@ def pull(cluster: str, *, job_id: str | None = None, to: str | os.PathLike[str] 
             spec = ctx.spec_of(c)
             ckpt = spec.job.checkpoint_dir if spec.job else "checkpoints"
         dest = Path(to) if to else default_pull_dest(cluster, ckpt)
+        if job is not None and job.info.get("checkpoint_store") and node is None:
+            from gtrain.checkpoints.ship import pull_from_store
+
+            ctx.report.info(f"pulling {ckpt}/ from the store {job.info['checkpoint_store']}/{job.id} to {dest}")
+            return pull_from_store(job, dest)
         picked = range(len(runners)) if node is None else [node]
         ctx.report.info(f"pulling {ckpt}/ from {'every node' if node is None else f'node {node}'} to {dest}")
         return pull_dir([(i, runners[i], f"{runners[i].root}/workdir/{ckpt}") for i in picked], dest,
@@ -144,12 +161,14 @@ def pull(cluster: str, *, job_id: str | None = None, to: str | os.PathLike[str] 
         ctx.store.close()
 
 
-def down(cluster: str, *, report: Reporter | None = None) -> DownResult:
+def down(cluster: str, *, yes: bool = False, report: Reporter | None = None) -> DownResult:
+    """Stop jobs and delete the cluster. With a checkpoint store, refused unless ``yes`` when the newest
+    checkpoint on the nodes is not safely in the store."""
     from gtrain import cluster as cl
 
     ctx = _ctx(report)
     try:
-        return cl.down(cluster, ctx)
+        return cl.down(cluster, ctx, yes=yes)
     finally:
         ctx.store.close()
 
@@ -183,12 +202,16 @@ class RunResult:
     pulled: PullResult | None = None
     down: DownResult | None = None
     errors: list[str] = field(default_factory=list)
+    #: each recovery from a lost node (gtrain.checkpoints.recovery), and why the run stopped recovering
+    recoveries: list[dict[str, Any]] = field(default_factory=list)
+    recovery_stopped: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "cluster": self.cluster, "job_id": self.job_id, "exit_code": self.exit_code, "status": self.status,
             "pulled": self.pulled.to_dict() if self.pulled else None,
             "down": self.down.to_dict() if self.down else None, "errors": self.errors,
+            "recoveries": self.recoveries, "recovery_stopped": self.recovery_stopped,
         }
 
 
@@ -210,6 +233,8 @@ def run(spec: Any, *, name: str | None = None, keep: bool = False, to: str | os.
         res.job_id = launched.job_id
         final = wait(parsed.name, job_id=launched.job_id, on_line=on_line, report=rep)
         res.exit_code, res.status = final.exit_code, final.status
+        res.recoveries = list(final.info.get("recoveries") or [])
+        res.recovery_stopped = final.info.get("recovery_stopped")
         try:
             res.pulled = pull(parsed.name, job_id=launched.job_id, to=to, report=rep)
         except GtrainError as e:
@@ -219,12 +244,12 @@ def run(spec: Any, *, name: str | None = None, keep: bool = False, to: str | os.
         res.status = "interrupted"
         if not keep and (created or res.job_id):
             rep.warn("interrupted: tearing the cluster down")
-            res.down = down(parsed.name, report=rep)
+            res.down = down(parsed.name, yes=True, report=rep)
         exc.run_result = res  # type: ignore[attr-defined]  # the CLI prints the cost report from it
         raise
     finally:
         if not keep and (created or res.job_id) and res.down is None and res.status != "interrupted":
-            res.down = down(parsed.name, report=rep)
+            res.down = down(parsed.name, yes=True, report=rep)
     return res
 
 

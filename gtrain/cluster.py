@@ -146,7 +146,7 @@ class DownResult:
                 "cost": self.cost.to_dict()}
 
 
-def down(name: str, ctx: Context) -> DownResult:
+def down(name: str, ctx: Context, *, yes: bool = True) -> DownResult:
     """Stop the cluster's jobs and delete everything it has; idempotent. Signals that arrive meanwhile are
     raised after the teardown, never in the middle of it."""
     from gtrain import signals
@@ -158,10 +158,13 @@ def down(name: str, ctx: Context) -> DownResult:
     provider = ctx.provider(cluster.provider)
     if cluster.status == "terminated":
         return DownResult(name, True, cluster_cost(ctx.store, cluster, provider))
+    from gtrain.checkpoints.safety import check_down
+
+    unsafe = check_down(cluster, ctx, yes=yes)  # checkpoints in the store; refused when the newest is not
     with cluster_lock(ctx.store.home, name, "down"), \
             signals.deferred(lambda _s: ctx.report.warn("finishing the teardown first: nothing is left "
                                                         "half-deleted")):
-        warnings = _teardown(ctx, provider, cluster)
+        warnings = unsafe + _teardown(ctx, provider, cluster)
         cluster = ctx.store.get_cluster_by_id(cluster.id)
         report = cluster_cost(ctx.store, cluster, provider, persist=True)
     return DownResult(name, False, report, warnings)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -29,6 +30,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError, to_jsonable_python
 
+from gtrain.checkpoints.policy import Recovery, check_store
 from gtrain.errors import ConfigError, dotted_path
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$|^[a-z]$")
@@ -151,6 +153,9 @@ class Job(_Model):
     data: list[DataEntry] = Field(default_factory=list, description="datasets each node downloads at launch; "
                                   "see [job.data](#jobdata)")
     max_restarts: Int = Field(0, ge=0, le=100, description="torchrun's `--max_restarts`")
+    checkpoint_store: Annotated[str | None, AfterValidator(check_store)] = Field(
+        None, description="`s3://bucket[/prefix]` or `gs://…`: nodes upload checkpoints there and restore from it; "
+        "see docs/durable.md")
     python: str | None = Field(None, description="interpreter on the nodes (default: python3; local: this one)")
 
     @field_validator("env", mode="before")
@@ -230,6 +235,8 @@ class Policies(_Model):
                                     description="each node deletes itself after this long (aws, gcp)")
     max_cost_usd: Float | None = Field(None, gt=0, le=MAX_COST_USD, allow_inf_nan=False,
                                        description="cost cap, spread over the nodes' lifetime (aws, gcp)")
+    recovery: Recovery = Field(default_factory=lambda: Recovery(), description="recover from lost nodes; see "
+                               "docs/durable.md")
 
 
 def provider_known(name: str) -> bool:

@@ -63,7 +63,7 @@ def node_contexts(cluster: Cluster, spec: ClusterSpec, job: Job, runners: list[R
             node_addr=r.address, master_addr=addrs[0], master_port=master_port, nproc_per_node=nproc,
             job_dir=job_dir(r, job_id), workdir=workdir, checkpoint_dir=f"{workdir}/{job.checkpoint_dir}",
             python=job.python or r.python, argv=job.argv, env=dict(job.env), secret_names=list(job.secrets),
-            setup=job.setup, max_restarts=job.max_restarts,
+            setup=job.setup, max_restarts=job.max_restarts, checkpoint_store=job.checkpoint_store or "",
         ))
     return out
 

@@ -60,6 +60,7 @@ class NodeContext:
     setup: str | None = None
     max_restarts: int = 0
     join_timeout: int = 300
+    checkpoint_store: str = ""  # durable runs: see gtrain.checkpoints
 
 
 def render(name: str, ctx: NodeContext, **extra: Any) -> str:
