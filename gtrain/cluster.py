@@ -210,6 +210,8 @@ def status(ctx: Context, name: str | None = None, *, refresh: bool = True) -> li
         clusters = [ctx.cluster(name)]
     else:
         clusters = ctx.store.list_clusters()
+    from gtrain.checkpoints.recovery import status_note
+
     out = []
     now = time.time()
     for c in clusters:
@@ -232,6 +234,8 @@ def status(ctx: Context, name: str | None = None, *, refresh: bool = True) -> li
                        "detail": live[n.rank].detail if n.rank in live else ""}
                       for n in ctx.store.nodes(c.id)] if name is not None else None,
             "jobs": [{"id": j.id, "status": j.status, "exit_code": j.exit_code, "created_at": j.created_at,
-                      "ended_at": j.ended_at, "run": j.info.get("run")} for j in jobs if j is not None],
+                      "ended_at": j.ended_at, "run": j.info.get("run"), "attempt": j.info.get("attempt", 1),
+                      "recoveries": j.info.get("recoveries") or []} for j in jobs if j is not None],
+            "recovery": status_note(c, job, ctx) if name is not None and c.status == "up" else None,
         })
     return out

@@ -22,6 +22,7 @@ import signal
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -158,6 +159,7 @@ def _get(url: str, headers: dict[str, str], method: str = "GET", timeout: float 
         with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 - metadata endpoints only
             return r.status, r.read().decode(errors="replace")
     except urllib.error.HTTPError as e:
+        e.close()
         return e.code, ""
 
 

@@ -219,8 +219,6 @@ def resume(cluster: Cluster, job: JobRecord, ctx: Context) -> JobRecord:
 
 
 def _reprovision(cluster: Cluster, job: JobRecord, ctx: Context, rec: dict[str, Any]) -> None:
-    from gtrain.cluster import _open_intervals
-
     provider = ctx.provider(cluster.provider)
     spec = ctx.spec_of(cluster)
     plan = provider.plan(spec)
@@ -229,7 +227,9 @@ def _reprovision(cluster: Cluster, job: JobRecord, ctx: Context, rec: dict[str, 
     ctx.report.info(f"re-provisioning node(s) {rec['reprovision']} of {cluster.name}")
     started = time.time()
     provider.provision(spec, cluster, plan)  # idempotent: makes only what is missing
-    _open_intervals(ctx.store, cluster, plan, started)
+    for rank in rec["reprovision"]:  # the replacement nodes are billed from now
+        ctx.store.open_interval(cluster.id, rank, instance_type=plan.instance_type, market=plan.market,
+                                price_per_hour=plan.price_per_hour, started_at=started)
 
 
 # ---- the watcher -----------------------------------------------------------------------------------
@@ -267,3 +267,23 @@ def wait(cluster: Cluster, job: JobRecord, ctx: Context, on_line: Callable[[LogL
                 ctx.report.warn(f"not recovering: {v.why}")
                 return _save(ctx, job, None, status=ctx.store.get_job(job.id).status, recovery_stopped=v.why)
             begin(cluster, job, ctx, v)
+
+
+def status_note(cluster: Cluster, job: JobRecord | None, ctx: Context) -> str | None:
+    """What `status` says of the cluster's recovery: who recovers a lost node now (nobody, without a watcher)."""
+    if job is None:
+        return None
+    pol, recs = policy(job), list(job.info.get("recoveries") or [])
+    done = f"{len(recs)} recovery(ies) so far, attempt {job.info.get('attempt', 1)}" if recs else ""
+    if job.status in ("succeeded", "failed", "cancelled", "preempted"):
+        why = job.info.get("recovery_stopped")
+        return "; ".join(x for x in (done, f"stopped recovering: {why}" if why else "") if x) or None
+    if int(pol.get("max_restarts", 0)) <= 0:
+        return None
+    if watched(ctx, cluster.name):
+        state = "recovering now" if job.status == RECOVERING else "watched: a lost node is recovered"
+        return "; ".join(x for x in (state, done) if x)
+    what = (f"a recovery is halfway ({(job.info.get('recovery') or {}).get('phase')})"
+            if job.status == RECOVERING else "a lost node will NOT be recovered")
+    return "; ".join(x for x in (f"no watcher is running: {what}; `gtrain watch {cluster.name}` recovers it", done)
+                     if x)
