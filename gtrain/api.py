@@ -111,6 +111,11 @@ def logs(cluster: str, *, job_id: str | None = None, follow: bool = False, tail:
         if tail is not None and tail < 0:
             raise ConfigError(f"--tail {tail}: give a number of lines, 0 or more", field="--tail")
         job = resolve_job(c, ctx, job_id)
+        if follow:  # whoever waits on a job recovers it from a lost node, as its policy says
+            from gtrain.checkpoints.recovery import wait as wait_recovering
+
+            return wait_recovering(c, job, ctx, on_line or (lambda _line: None), tail=tail,
+                                   nodes=None if node is None else [node], rank=rank)
         return follow_job(c, job, ctx, on_line or (lambda _line: None), follow=follow, tail=tail,
                            nodes=None if node is None else [node], rank=rank)
     finally:
@@ -120,6 +125,13 @@ def logs(cluster: str, *, job_id: str | None = None, follow: bool = False, tail:
 def wait(cluster: str, *, job_id: str | None = None, on_line: Callable[[LogLine], None] | None = None,
          report: Reporter | None = None) -> Job:
     """Follow a job to its end; the returned record's ``exit_code`` is the job's own."""
+    return logs(cluster, job_id=job_id, follow=True, on_line=on_line, report=report)
+
+
+def watch(cluster: str, *, job_id: str | None = None, on_line: Callable[[LogLine], None] | None = None,
+          report: Reporter | None = None) -> Job:
+    """Follow the cluster's job (default: its newest) to its end, recovering it from lost nodes as its
+    ``policies.recovery`` says; a recovery a killed watcher left halfway is continued, not redone."""
     return logs(cluster, job_id=job_id, follow=True, on_line=on_line, report=report)
 
 
@@ -142,6 +154,11 @@ def pull(cluster: str, *, job_id: str | None = None, to: str | os.PathLike[str] 
             spec = ctx.spec_of(c)
             ckpt = spec.job.checkpoint_dir if spec.job else "checkpoints"
         dest = Path(to) if to else default_pull_dest(cluster, ckpt)
+        if job is not None and job.info.get("checkpoint_store") and node is None:
+            from gtrain.checkpoints.ship import pull_from_store
+
+            ctx.report.info(f"pulling {ckpt}/ from the store {job.info['checkpoint_store']}/{job.id} to {dest}")
+            return pull_from_store(job, dest)
         picked = range(len(runners)) if node is None else [node]
         ctx.report.info(f"pulling {ckpt}/ from {'every node' if node is None else f'node {node}'} to {dest}")
         res = pull_dir([(i, runners[i], f"{runners[i].root}/workdir/{ckpt}") for i in picked], dest,
@@ -155,14 +172,15 @@ def pull(cluster: str, *, job_id: str | None = None, to: str | os.PathLike[str] 
         ctx.store.close()
 
 
-def down(cluster: str, *, report: Reporter | None = None, html_report: bool = False) -> DownResult:
-    """Stop jobs, delete everything the cluster has, price it. With ``html_report``, also write the newest
-    job's HTML report (next to where its checkpoints were pulled, else in the run archive)."""
+def down(cluster: str, *, yes: bool = False, report: Reporter | None = None, html_report: bool = False) -> DownResult:
+    """Stop jobs and delete the cluster, and price it. With a checkpoint store, refused unless ``yes`` when the
+    newest checkpoint on the nodes is not safely in the store. With ``html_report``, also write the newest job's
+    HTML report (next to where its checkpoints were pulled, else in the run archive)."""
     from gtrain import cluster as cl
 
     ctx = _ctx(report)
     try:
-        res = cl.down(cluster, ctx)
+        res = cl.down(cluster, ctx, yes=yes)
         if html_report and not res.already_down:
             res.report = _html_report(ctx, cluster, None)
         return res
@@ -219,12 +237,16 @@ class RunResult:
     down: DownResult | None = None
     errors: list[str] = field(default_factory=list)
     report: str | None = None
+    #: each recovery from a lost node (gtrain.checkpoints.recovery), and why the run stopped recovering
+    recoveries: list[dict[str, Any]] = field(default_factory=list)
+    recovery_stopped: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "cluster": self.cluster, "job_id": self.job_id, "exit_code": self.exit_code, "status": self.status,
             "pulled": self.pulled.to_dict() if self.pulled else None,
             "down": self.down.to_dict() if self.down else None, "errors": self.errors, "report": self.report,
+            "recoveries": self.recoveries, "recovery_stopped": self.recovery_stopped,
         }
 
 
@@ -247,6 +269,8 @@ def run(spec: Any, *, name: str | None = None, keep: bool = False, to: str | os.
         res.job_id = launched.job_id
         final = wait(parsed.name, job_id=launched.job_id, on_line=on_line, report=rep)
         res.exit_code, res.status = final.exit_code, final.status
+        res.recoveries = list(final.info.get("recoveries") or [])
+        res.recovery_stopped = final.info.get("recovery_stopped")
         try:
             res.pulled = pull(parsed.name, job_id=launched.job_id, to=to, report=rep)
         except GtrainError as e:
@@ -256,12 +280,12 @@ def run(spec: Any, *, name: str | None = None, keep: bool = False, to: str | os.
         res.status = "interrupted"
         if not keep and (created or res.job_id):
             rep.warn("interrupted: tearing the cluster down")
-            res.down = down(parsed.name, report=rep)
+            res.down = down(parsed.name, yes=True, report=rep)
         exc.run_result = res  # type: ignore[attr-defined]  # the CLI prints the cost report from it
         raise
     finally:
         if not keep and (created or res.job_id) and res.down is None and res.status != "interrupted":
-            res.down = down(parsed.name, report=rep)
+            res.down = down(parsed.name, yes=True, report=rep)
     if html_report and res.job_id:  # next to the pulled checkpoints (`gtrain run` writes it unless --no-report)
         ctx = _ctx(rep)
         try:

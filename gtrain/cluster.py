@@ -149,7 +149,7 @@ class DownResult:
                 "cost": self.cost.to_dict(), "report": self.report}
 
 
-def down(name: str, ctx: Context) -> DownResult:
+def down(name: str, ctx: Context, *, yes: bool = True) -> DownResult:
     """Stop the cluster's jobs and delete everything it has; idempotent. Signals that arrive meanwhile are
     raised after the teardown, never in the middle of it."""
     from gtrain import signals
@@ -161,10 +161,13 @@ def down(name: str, ctx: Context) -> DownResult:
     provider = ctx.provider(cluster.provider)
     if cluster.status == "terminated":
         return DownResult(name, True, cluster_cost(ctx.store, cluster, provider))
+    from gtrain.checkpoints.safety import check_down
+
+    unsafe = check_down(cluster, ctx, yes=yes)  # checkpoints in the store; refused when the newest is not
     with cluster_lock(ctx.store.home, name, "down"), \
             signals.deferred(lambda _s: ctx.report.warn("finishing the teardown first: nothing is left "
                                                         "half-deleted")):
-        warnings = _teardown(ctx, provider, cluster)
+        warnings = unsafe + _teardown(ctx, provider, cluster)
         cluster = ctx.store.get_cluster_by_id(cluster.id)
         report = cluster_cost(ctx.store, cluster, provider, persist=True)
     return DownResult(name, False, report, warnings)
@@ -224,6 +227,8 @@ def status(ctx: Context, name: str | None = None, *, refresh: bool = True) -> li
         clusters = [ctx.cluster(name)]
     else:
         clusters = ctx.store.list_clusters()
+    from gtrain.checkpoints.recovery import status_note
+
     out = []
     now = time.time()
     for c in clusters:
@@ -246,6 +251,8 @@ def status(ctx: Context, name: str | None = None, *, refresh: bool = True) -> li
                        "detail": live[n.rank].detail if n.rank in live else ""}
                       for n in ctx.store.nodes(c.id)] if name is not None else None,
             "jobs": [{"id": j.id, "status": j.status, "exit_code": j.exit_code, "created_at": j.created_at,
-                      "ended_at": j.ended_at, "run": j.info.get("run")} for j in jobs if j is not None],
+                      "ended_at": j.ended_at, "run": j.info.get("run"), "attempt": j.info.get("attempt", 1),
+                      "recoveries": j.info.get("recoveries") or []} for j in jobs if j is not None],
+            "recovery": status_note(c, job, ctx) if name is not None and c.status == "up" else None,
         })
     return out

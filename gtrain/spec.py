@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -30,6 +31,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError, to_jsonable_python
 
+from gtrain.checkpoints.policy import Recovery, check_store
 from gtrain.errors import ConfigError, dotted_path
 from gtrain.health.model import PREFLIGHT_PATTERN, MinGpuUtil
 from gtrain.jobs.launchers import options as launchers
@@ -157,6 +159,9 @@ class Job(_Model):
     data: list[DataEntry] = Field(default_factory=list, description="datasets each node downloads at launch; "
                                   "see [job.data](#jobdata)")
     max_restarts: Int = Field(0, ge=0, le=100, description="torchrun's `--max_restarts`")
+    checkpoint_store: Annotated[str | None, AfterValidator(check_store)] = Field(
+        None, description="`s3://bucket[/prefix]` or `gs://…`: nodes upload checkpoints there and restore from it; "
+        "see docs/durable.md")
     python: str | None = Field(None, description="interpreter on the nodes (default: python3; local: this one)")
     accelerate: launchers.AccelerateOptions | None = Field(None, description="`launcher: accelerate` options")
     deepspeed: launchers.DeepSpeedOptions | None = Field(None, description="`launcher: deepspeed` options")
@@ -254,6 +259,8 @@ class Policies(_Model):
                            "starts the job: `quick`, `full` or `off`; a failed node stops the launch (exit 1)")
     min_gpu_util: MinGpuUtil | None = Field(None, description="`{percent, minutes, action}`: warn (`action: "
                                             "stop`: stop the job) when every GPU idles; see docs/health.md")
+    recovery: Recovery = Field(default_factory=lambda: Recovery(), description="recover from lost nodes; see "
+                               "docs/durable.md")
 
 
 def provider_known(name: str) -> bool:

@@ -96,7 +96,7 @@ def down(
         # On a terminal, ask (default no): down deletes the nodes and what is on them. Without a TTY (CI)
         # it just runs.
         confirm(f"Tear down {cluster} and delete everything on its nodes?", False)
-    res = api.down(cluster, report=out.CLIReporter(), html_report=not no_report)
+    res = api.down(cluster, yes=yes, report=out.CLIReporter(), html_report=not no_report)
     if json_:
         out.emit_json(res.to_dict())
         return

@@ -18,6 +18,8 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("logs", "job_cmds", "Every node's and rank's output, each line prefixed [node K rank R]."),
     ("pull", "job_cmds", "Bring checkpoint_dir back, every file verified by sha256; re-runs move only what changed."),
     ("run", "job_cmds", "up + launch --wait + pull + down, in one command; exits with the job's own exit code."),
+    ("watch", "watch_cmds", "Follow the cluster's job to its end, recovering it from lost nodes; exit with the job's "
+                            "exit code."),
     ("cancel", "job_cmds", "Stop the cluster's running job (or --job ID); the nodes and their files stay."),
     ("plot", "report_cmds", "A metric of one or more jobs as a terminal chart; works after `down`, from what "
                             "gtrain kept."),

@@ -37,3 +37,10 @@ def show_status(cluster: str | None, json_: bool) -> None:
         out.table("jobs", ["job", "status", "exit", "started", "ended", "run"],
                   [[j["id"], j["status"], "-" if j["exit_code"] is None else j["exit_code"],
                     out.fmt_time(j["created_at"]), out.fmt_time(j["ended_at"]), j["run"] or "-"] for j in r["jobs"]])
+        recs = [(j["id"], x) for j in r["jobs"] for x in j.get("recoveries") or []]
+        if recs:
+            out.table("recoveries", ["job", "attempt", "cause", "lost nodes", "at", "took (s)", "cost"],
+                      [[jid, x["attempt"], x["kind"], x["lost"], out.fmt_time(x["detected_at"]), f"{x['seconds']:.1f}",
+                        out.fmt_usd(x["cost_usd"])] for jid, x in recs])
+        if r.get("recovery"):
+            out.say(f"recovery: {r['recovery']}")

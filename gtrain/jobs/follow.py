@@ -27,9 +27,11 @@ SETTLE_S = 10.0
 
 def follow(cluster: Cluster, job: JobRecord, ctx: Context, on_line: Callable[[LogLine], None], *,
            follow: bool = True, tail: int | None = None, nodes: list[int] | None = None,
-           rank: int | None = None) -> JobRecord:
+           rank: int | None = None, check: Callable[[], str | None] | None = None,
+           check_every_s: float = 5.0) -> JobRecord:
     """Stream every node's and rank's lines to ``on_line``. With ``follow``, return when the job has ended
-    (everywhere), with its record refreshed."""
+    (everywhere), with its record refreshed -- or, with ``check`` (every ``check_every_s``: the provider's
+    word on lost nodes, see gtrain.checkpoints.recovery), as soon as it returns a reason."""
     backend = ctx.backend(cluster)
     picked = [i for i in range(cluster.num_nodes) if nodes is None or i in nodes]
     q: queue.Queue[tuple[str, int, LogLine | NodeEnded | None]] = queue.Queue()
@@ -46,7 +48,8 @@ def follow(cluster: Cluster, job: JobRecord, ctx: Context, on_line: Callable[[Lo
         t.start()
     open_streams = set(picked)
     ended: dict[int, NodeEnded] = {}
-    last_check = time.monotonic()
+    last_check = last_probe = time.monotonic()
+    lost = False  # ``check`` gave a reason: the streams of lost nodes are not waited for
     settled_at: float | None = None  # when a refresh found the job over while streams were still open
     while open_streams:
         if settled_at is not None and time.monotonic() - settled_at > SETTLE_S:
@@ -63,6 +66,12 @@ def follow(cluster: Cluster, job: JobRecord, ctx: Context, on_line: Callable[[Lo
                 ctx.report.warn(f"node {i}: {item.error}")
         elif kind == "done":
             open_streams.discard(i)
+        if follow and check is not None and time.monotonic() - last_probe > check_every_s:
+            last_probe = time.monotonic()
+            if why := check():
+                ctx.report.warn(f"job {job.id}: {why}")
+                lost = True
+                break
         # A node that ended badly while others still run: refresh (which stops the rest, see refresh_job).
         if follow and ended and open_streams and time.monotonic() - last_check > 2:
             last_check = time.monotonic()
@@ -71,5 +80,5 @@ def follow(cluster: Cluster, job: JobRecord, ctx: Context, on_line: Callable[[Lo
                 if job.status in TERMINAL_JOB and settled_at is None:
                     settled_at = time.monotonic()
     for t in threads:
-        t.join(timeout=5)
+        t.join(timeout=0 if lost else 5)
     return refresh_job(cluster, ctx.store.get_job(job.id), ctx) if follow else ctx.store.get_job(job.id)

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gtrain.checkpoints.ship import prepare as prepare_checkpoints
 from gtrain.errors import ConfigError, GtrainError, JobConflict
 from gtrain.jobs.backend import JobRequest, JobState
 from gtrain.jobs.status import active_job, cancel_job
@@ -94,6 +95,7 @@ def launch(cluster: Cluster, spec: ClusterSpec, ctx: Context, *, force: bool = F
 
         request = backend.reserve(JobRequest(cluster, spec, new_job_id(cluster.name), local_workdir))
         plan = backend.dryrun(request)
+        prepare_checkpoints(plan, backend, ctx.report)  # durable runs: a store that refuses writes stops here
         ctx.store.create_job(cluster.id, plan.job_id, dict(plan.info))
         try:
             backend.submit(plan, ctx.report)

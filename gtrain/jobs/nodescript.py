@@ -80,7 +80,7 @@ def node_contexts(cluster: Cluster, spec: ClusterSpec, job: Job, runners: list[R
             job_dir=job_dir(r, job_id), workdir=workdir, checkpoint_dir=f"{workdir}/{job.checkpoint_dir}",
             python=job.python or r.python, argv=job.argv, env=dict(job.env), secret_names=list(job.secrets),
             setup=job.setup, max_restarts=job.max_restarts, launcher=name, launcher_options=options,
-            launcher_notes=notes,
+            launcher_notes=notes, checkpoint_store=job.checkpoint_store or "",
         ))
     return out
 

@@ -29,8 +29,8 @@ def refresh_job(cluster: Cluster, job: JobRecord, ctx: Context, *, act: bool = T
     """Ask the backend where ``job`` is and store it. With ``act``, a job that died on some nodes is stopped
     on the others (fail-fast) and workers a dead launcher left behind are ended; without it (``status``),
     nothing is stopped: what would be is reported."""
-    if job.status in TERMINAL_JOB and job.info.get("final"):
-        return job
+    if (job.status in TERMINAL_JOB and job.info.get("final")) or job.status == "recovering":
+        return job  # a recovery in progress is its watcher's (gtrain.checkpoints.recovery)
     backend = ctx.backend(cluster)
     desc = backend.describe(job)
     nodes = desc.nodes

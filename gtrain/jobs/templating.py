@@ -62,6 +62,7 @@ class NodeContext:
     launcher: str = "torchrun"  # a name in gtrain.jobs.launchers
     launcher_options: dict[str, Any] = field(default_factory=dict)  # job.<launcher>, + what its check derived
     launcher_notes: list[str] = field(default_factory=list)  # warnings from the launcher's local check
+    checkpoint_store: str = ""  # durable runs: see gtrain.checkpoints
 
 
 def render(name: str, ctx: NodeContext, **extra: Any) -> str:

@@ -1,0 +1,279 @@
+"""What runs on each node beside the job (stdlib + the sync engine, from ``gtrain-ckpt.pyz``)::
+
+    python3 gtrain-ckpt.pyz probe   STORE JOB_ID NODE
+    python3 gtrain-ckpt.pyz restore STORE JOB_ID NODE CKPT_DIR JOB_DIR      one JSON line: resume_from, ...
+    python3 gtrain-ckpt.pyz agent   STORE JOB_ID NODE CKPT_DIR JOB_DIR ATTEMPT
+    python3 gtrain-ckpt.pyz flush   STORE JOB_ID NODE CKPT_DIR JOB_DIR ATTEMPT RC
+
+``agent`` is the uploader (every ``GTRAIN_CHECKPOINT_POLL_S``, default 2 s, it uploads the checkpoints of
+CKPT_DIR that are complete: ``<name>.done`` exists, or every file is closed and unchanged for
+``GTRAIN_CHECKPOINT_SETTLE_S``, default 10 s) and the interruption-notice watcher (EC2 spot
+``/latest/meta-data/spot/instance-action`` over IMDSv2, GCE ``/computeMetadata/v1/instance/preempted``;
+endpoints ``GTRAIN_IMDS_ENDPOINT`` / ``GTRAIN_GCE_METADATA_ENDPOINT``): on a notice each rank process that
+handles SIGUSR1 gets one. SIGTERM (a cancel) makes it upload what is complete and exit. ``flush`` is the
+final pass after the launcher ended (RC 0: every closed file counts as complete).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from gtrain.checkpoints.store import META_DIR, Store
+from gtrain.errors import GtrainError
+
+DONE_SUFFIX = ".done"
+_SKIP_PREFIXES = (".", "_tmp")
+
+
+def _say(msg: str) -> None:
+    print(f"[gtrain ckpt] {msg}", flush=True)
+
+
+def entries(root: Path) -> dict[str, list[str]]:
+    """Checkpoint name -> its files (relative to root); markers and hidden / temp files left out."""
+    out: dict[str, list[str]] = {}
+    try:
+        names = sorted(os.listdir(root))
+    except FileNotFoundError:
+        return out
+    for name in names:
+        if name.startswith(_SKIP_PREFIXES) or name.endswith((DONE_SUFFIX, ".tmp", ".partial")) or name == META_DIR:
+            continue
+        p = root / name
+        if p.is_file():
+            out[name] = [name]
+        elif p.is_dir():
+            files = [str(f.relative_to(root)) for f in sorted(p.rglob("*"))
+                     if f.is_file() and not f.name.startswith(".")]
+            if files:
+                out[name] = files
+    return out
+
+
+def open_files() -> set[str]:
+    """Every path some process on this machine holds open (those we may read: ours, at least)."""
+    held: set[str] = set()
+    for pid in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not pid.isdigit():
+            continue
+        fd_dir = f"/proc/{pid}/fd"
+        try:
+            for fd in os.listdir(fd_dir):
+                try:
+                    held.add(os.readlink(f"{fd_dir}/{fd}"))
+                except OSError:
+                    pass
+        except OSError:
+            pass
+    return held
+
+
+def complete(root: Path, name: str, files: list[str], *, settle_s: float, final: bool) -> bool:
+    """Marked done; else (``final``: the job is over and succeeded) closed, else closed and unchanged for
+    ``settle_s``."""
+    if (root / f"{name}{DONE_SUFFIX}").exists():
+        return True
+    now = time.time()
+    try:
+        newest = max((root / f).stat().st_mtime for f in files)
+    except OSError:
+        return False
+    if not final and now - newest < settle_s:
+        return False
+    held = open_files()
+    return not any(os.path.realpath(root / f) in held for f in files)
+
+
+def signature(root: Path, files: list[str]) -> list[list[object]]:
+    out: list[list[object]] = []
+    for f in files:
+        st = (root / f).stat()
+        out.append([f, st.st_size, st.st_mtime_ns])
+    return out
+
+
+class Uploader:
+    def __init__(self, store: Store, node: int, root: Path, job_dir: Path, attempt: int) -> None:
+        self.store, self.node, self.root, self.job_dir, self.attempt = store, node, root, job_dir, attempt
+        self.settle_s = float(os.environ.get("GTRAIN_CHECKPOINT_SETTLE_S", "10"))
+        self.done_path = job_dir / "ckpt-done.json"  # name -> signature uploaded; kept across attempts
+        self.done: dict[str, list[list[object]]] = dict(_read_json(self.done_path) or {})  # type: ignore[arg-type]
+        restored = _read_json(job_dir / "ckpt-restored.json")
+        if restored and restored.get("name"):  # what restore put here is in the store already
+            name = str(restored["name"])
+            files = entries(root).get(name)
+            if files:
+                self.done[name] = signature(root, files)
+
+    def one_pass(self, *, final: bool = False) -> int:
+        n = 0
+        for name, files in entries(self.root).items():
+            try:
+                sig = signature(self.root, files)
+            except OSError:
+                continue  # removed under us
+            if self.done.get(name) == sig or not complete(self.root, name, files, settle_s=self.settle_s,
+                                                          final=final):
+                continue
+            t0 = time.monotonic()
+            try:
+                doc = self.store.upload(self.node, self.root, name, files, attempt=self.attempt)
+            except (GtrainError, OSError) as e:
+                _say(f"upload of {name} failed (retried next pass): {getattr(e, 'message', e)}")
+                continue
+            self.done[name] = sig
+            tmp = self.done_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.done))
+            os.replace(tmp, self.done_path)
+            n += 1
+            size = sum(f["size"] for f in doc["files"])
+            _say(f"uploaded {name} ({len(files)} file(s), {size} bytes, {time.monotonic() - t0:.2f}s) "
+                 f"-> {self.store.where}/node-{self.node}/")
+            with open(self.job_dir / "ckpt-uploads.jsonl", "a") as f:
+                f.write(json.dumps({"name": name, "bytes": size, "at": time.time()}) + "\n")
+        return n
+
+
+def _read_json(path: Path) -> dict[str, object] | None:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+# ---- interruption notices ------------------------------------------------------------------------
+
+
+def _get(url: str, headers: dict[str, str], method: str = "GET", timeout: float = 1.0) -> tuple[int, str]:
+    req = urllib.request.Request(url, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 - metadata endpoints only
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        e.close()
+        return e.code, ""
+
+
+def aws_notice(base: str) -> str | None:
+    """The EC2 spot interruption notice (IMDSv2), or None."""
+    _, token = _get(f"{base}/latest/api/token", {"X-aws-ec2-metadata-token-ttl-seconds": "300"}, "PUT")
+    code, body = _get(f"{base}/latest/meta-data/spot/instance-action",
+                      {"X-aws-ec2-metadata-token": token} if token else {})
+    return (body.strip() or "spot interruption") if code == 200 else None
+
+
+def gce_notice(base: str) -> str | None:
+    code, body = _get(f"{base}/computeMetadata/v1/instance/preempted", {"Metadata-Flavor": "Google"})
+    return "GCE preemption" if code == 200 and body.strip().upper() == "TRUE" else None
+
+
+def rank_pids(job_id: str) -> list[int]:
+    """This job's training processes (not the shells or torchrun's agent) that handle SIGUSR1."""
+    out = []
+    needle = f"GTRAIN_JOB_ID={job_id}".encode()
+    for pid in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not pid.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        if needle not in env or not any(e.startswith(b"LOCAL_RANK=") for e in env) or comm in ("bash", "sh", "dash"):
+            continue
+        caught = next((int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigCgt:")), 0)
+        if caught & (1 << (signal.SIGUSR1 - 1)):
+            out.append(int(pid))
+    return out
+
+
+def watch_notices(job_id: str, stop: threading.Event, poll_s: float = 5.0) -> None:
+    checks = []
+    if base := os.environ.get("GTRAIN_IMDS_ENDPOINT", "http://169.254.169.254"):
+        checks.append((aws_notice, base.rstrip("/")))
+    if base := os.environ.get("GTRAIN_GCE_METADATA_ENDPOINT", "http://metadata.google.internal"):
+        checks.append((gce_notice, base.rstrip("/")))
+    poll_s = float(os.environ.get("GTRAIN_NOTICE_POLL_S", poll_s))
+    while checks and not stop.is_set():
+        for check in list(checks):
+            try:
+                why = check[0](check[1])
+            except OSError:  # no such metadata server here: not this cloud
+                checks.remove(check)
+                continue
+            if why:
+                pids = rank_pids(job_id)
+                _say(f"interruption notice ({why}): SIGUSR1 to rank process(es) {pids}")
+                for pid in pids:
+                    try:
+                        os.kill(pid, signal.SIGUSR1)
+                    except OSError:
+                        pass
+                return
+        stop.wait(poll_s)
+
+
+# ---- commands ------------------------------------------------------------------------------------
+
+
+def cmd_restore(store: Store, node: int, root: Path, job_dir: Path) -> dict[str, object]:
+    t0 = time.monotonic()
+    ckpt = store.newest_complete()
+    if ckpt is None:
+        doc: dict[str, object] = {"resume_from": "", "name": None, "files": 0, "bytes": 0}
+    else:
+        got, kept, nbytes = store.restore(ckpt, root)
+        doc = {"resume_from": str(root / ckpt.name), "name": ckpt.name, "files": len(got), "kept": len(kept),
+               "bytes": nbytes}
+    doc["seconds"] = round(time.monotonic() - t0, 3)
+    (job_dir / "ckpt-restored.json").write_text(json.dumps(doc))
+    return doc
+
+
+def cmd_agent(store: Store, job_id: str, node: int, root: Path, job_dir: Path, attempt: int) -> None:
+    up = Uploader(store, node, root, job_dir, attempt)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    threading.Thread(target=watch_notices, args=(job_id, stop), daemon=True).start()
+    poll = float(os.environ.get("GTRAIN_CHECKPOINT_POLL_S", "2"))
+    while not stop.is_set() and not (job_dir / "ckpt-stop").exists():
+        up.one_pass()
+        stop.wait(poll)
+    up.one_pass()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    cmd, store_url, job_id, node = args[0], args[1], args[2], int(args[3])
+    try:
+        store = Store(store_url, job_id)
+        if cmd == "probe":
+            store.probe(node)
+            print(json.dumps({"ok": True}))
+        elif cmd == "restore":
+            print(json.dumps(cmd_restore(store, node, Path(args[4]), Path(args[5]))))
+        elif cmd == "agent":
+            cmd_agent(store, job_id, node, Path(args[4]), Path(args[5]), int(args[6]))
+        elif cmd == "flush":
+            n = Uploader(store, node, Path(args[4]), Path(args[5]), int(args[6])).one_pass(final=args[7] == "0")
+            _say(f"final flush: {n} checkpoint(s) uploaded")
+        store.close()
+    except GtrainError as e:
+        print(json.dumps({"error": e.message, "hint": e.hint}))
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""The spec's part of durable runs: ``job.checkpoint_store`` (checked here) and ``policies.recovery``."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic_core import PydanticCustomError
+
+STORE_RE = re.compile(r"^(s3|gs)://[a-z0-9][a-z0-9._-]{1,221}[a-z0-9](/[^\x00-\x1f\\]*)?$")
+
+#: what a recovery can be for: a provider took a spot/preemptible node, a node (or its agent) died
+CAUSES = ("preemption", "node_failure")
+
+
+def _not_bool(v: object) -> object:
+    if isinstance(v, bool):
+        raise PydanticCustomError("bool_not_number", "is a boolean, not a number")
+    return v
+
+
+def _on_list(v: object) -> object:
+    """``on: [preemption, node_failure, {exit_codes: [137]}]`` or a mapping ``{causes.., exit_codes: [..]}``."""
+    if isinstance(v, list):
+        causes, codes = [], []
+        for item in v:
+            if isinstance(item, dict) and set(item) == {"exit_codes"}:
+                codes.extend(item["exit_codes"] if isinstance(item["exit_codes"], list) else [item["exit_codes"]])
+            else:
+                causes.append(item)
+        return {"causes": causes, "exit_codes": codes}
+    return v
+
+
+Cause = Literal["preemption", "node_failure"]
+
+
+def _all_causes() -> list[Cause]:
+    return ["preemption", "node_failure"]
+
+
+class RecoveryOn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    causes: list[Cause] = Field(default_factory=_all_causes)
+    exit_codes: list[Annotated[int, BeforeValidator(_not_bool), Field(ge=1, le=255)]] = Field(default_factory=list)
+
+
+class Recovery(BaseModel):
+    """``policies.recovery``: what whoever waits on the job (``run``, ``launch --wait``, ``logs -f``,
+    ``watch``) does when a node is lost. See docs/durable.md."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_restarts: Annotated[int, BeforeValidator(_not_bool)] = Field(
+        0, ge=0, le=1000, description="recoveries across the run; 0 = off")
+    on: Annotated[RecoveryOn, BeforeValidator(_on_list)] = Field(
+        default_factory=RecoveryOn, description="`[preemption, node_failure]` (default both); add "
+        "`{exit_codes: [137, ...]}` to also recover from those exit codes of the job")
+    backoff_s: Annotated[float, BeforeValidator(_not_bool)] = Field(
+        30.0, ge=0, le=3600, description="wait before a recovery, doubled after each one that made no progress")
+
+    def to_info(self) -> dict[str, object]:
+        return {"max_restarts": self.max_restarts, "on": list(self.on.causes), "exit_codes": list(self.on.exit_codes),
+                "backoff_s": self.backoff_s}
+
+
+def check_store(v: str | None) -> str | None:
+    if v is None:
+        return v
+    v = v.rstrip("/")
+    if not STORE_RE.match(v) or "/../" in f"{v}/" or "//" in v.split("://", 1)[1]:
+        raise ValueError("must be s3://bucket[/prefix] or gs://bucket[/prefix]")
+    return v

@@ -1,0 +1,289 @@
+"""Recovery with no controller: whoever waits on a job (``run``, ``launch --wait``, ``logs -f``, ``watch``)
+notices a lost node -- from the provider (spot preemption, a terminated or missing node, an ssh host gone) or
+from the job's state (a node's agent gone: killed, OOM, rebooted) -- stops the survivors, re-provisions what
+is missing, and relaunches the job under the same id (a new attempt) that restores from the store.
+
+Each step of a recovery is recorded in the job's info (``recovery``: phase, what was lost, when) BEFORE it is
+taken, under the cluster's lock, so a watcher killed halfway leaves it for the next ``gtrain watch`` to finish:
+cancelling, provisioning and launching are each idempotent or undone first, so nothing is done twice. Done
+recoveries are kept in ``info["recoveries"]`` (``status``, ``cost`` and ``run``'s summary show them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gtrain.errors import GtrainError
+from gtrain.jobs.backend import JobState, LogLine
+from gtrain.locks import ClusterBusy, cluster_lock
+
+if TYPE_CHECKING:
+    from gtrain.context import Context
+    from gtrain.state import Cluster
+    from gtrain.state import Job as JobRecord
+
+RECOVERING = "recovering"
+#: what the provider says of a node that is gone
+LOST = ("preempted", "terminated", "missing", "stopped", "unreachable")
+#: this many failures in a row without progress (no new checkpoint in the store) is a crash loop
+CRASH_LOOP = 3
+MAX_BACKOFF_S = 600.0
+
+
+def _watch_poll_s() -> float:
+    return float(os.environ.get("GTRAIN_WATCH_POLL_S", "5"))
+
+
+def policy(job: JobRecord) -> dict[str, Any]:
+    return dict(job.info.get("recovery_policy") or {"max_restarts": 0, "on": [], "exit_codes": [], "backoff_s": 30})
+
+
+def watcher_lock(ctx: Context, cluster: str) -> contextlib.AbstractContextManager[None]:
+    """Held by the one process that recovers the cluster's job; others only follow."""
+    return cluster_lock(ctx.store.home, f"{cluster}.watch", "watch")
+
+
+def watched(ctx: Context, cluster: str) -> bool:
+    """Whether a live process watches (and so recovers) the cluster's job now."""
+    try:
+        with watcher_lock(ctx, cluster):
+            return False
+    except ClusterBusy:
+        return True
+
+
+@dataclass
+class Verdict:
+    recover: bool
+    kind: str = ""
+    lost: list[int] = field(default_factory=list)
+    reprovision: list[int] = field(default_factory=list)
+    why: str = ""
+    detail: str = ""
+
+
+def provider_lost(cluster: Cluster, ctx: Context) -> dict[int, Any]:
+    try:
+        return {s.rank: s for s in ctx.provider(cluster.provider).describe(cluster) if s.status in LOST}
+    except GtrainError:
+        return {}
+
+
+def lost_reason(cluster: Cluster, ctx: Context) -> str | None:
+    lost = provider_lost(cluster, ctx)
+    if not lost:
+        return None
+    return "; ".join(f"node {r}: {s.status}{f' ({s.detail})' if s.detail else ''}" for r, s in sorted(lost.items()))
+
+
+def _newest(job: JobRecord) -> str | None:
+    from gtrain.checkpoints.ship import store_checkpoints
+
+    try:
+        done = [c for c in store_checkpoints(job) or [] if c["complete"]]
+    except GtrainError:
+        return None
+    return done[-1]["name"] if done else None
+
+
+def classify(cluster: Cluster, job: JobRecord, ctx: Context) -> Verdict:
+    """Whether (and why not) to recover ``job``, which ended badly or lost a node."""
+    pol = policy(job)
+    lost = provider_lost(cluster, ctx)
+    if lost:
+        kind = "preemption" if any(s.status == "preempted" for s in lost.values()) else "node_failure"
+        v = Verdict(True, kind, sorted(lost), sorted(lost),
+                    detail="; ".join(f"node {r}: {s.status} {s.detail}".strip() for r, s in sorted(lost.items())))
+    else:
+        try:
+            desc = ctx.backend(cluster).describe(job)
+            gone = [n.node for n in desc.nodes if n.raw.get("lost") or n.detail in ("missing", "unreachable")]
+        except GtrainError:
+            gone = []
+        if gone:
+            v = Verdict(True, "node_failure", gone, [], detail=f"the job's agent died on node(s) {gone}")
+        elif job.exit_code in pol.get("exit_codes", []):
+            v = Verdict(True, "exit_code", [], [], detail=f"the job exited {job.exit_code}")
+        else:
+            return Verdict(False, why=f"job {job.id} failed with exit {job.exit_code}: a failure of the job, not of a "
+                                      f"node (policies.recovery.on has no exit_codes: [{job.exit_code}])")
+    recs = list(job.info.get("recoveries") or [])
+    if int(pol.get("max_restarts", 0)) <= 0:
+        v.recover, v.why = False, f"{v.detail}: recovery is off (policies.recovery.max_restarts: 0)"
+    elif v.kind != "exit_code" and v.kind not in pol.get("on", []):
+        v.recover, v.why = False, f"{v.detail}: {v.kind} is not in policies.recovery.on"
+    elif len(recs) >= int(pol["max_restarts"]):
+        v.recover, v.why = False, f"{v.detail}: max_restarts ({pol['max_restarts']}) reached"
+    elif not _progress(job, recs) and _streak(recs) + 1 >= CRASH_LOOP:
+        v.recover, v.why = False, (f"{v.detail}: crash loop: {CRASH_LOOP} failures in a row with no new checkpoint "
+                                   "in the store; not restarting")
+    return v
+
+
+def _progress(job: JobRecord, recs: list[dict[str, Any]]) -> bool:
+    """Whether the attempt that just ended got anywhere: a new complete checkpoint (with a store), else ran
+    a minute or more."""
+    if job.info.get("checkpoint_store"):
+        newest = _newest(job)
+        return newest is not None and newest != (recs[-1].get("store_newest") if recs else None)
+    started = float(recs[-1]["ended_at"]) if recs else job.created_at
+    return time.time() - started >= 60
+
+
+def _streak(recs: list[dict[str, Any]]) -> int:
+    n = 0
+    for r in reversed(recs):
+        if r.get("progress"):
+            break
+        n += 1
+    return n
+
+
+# ---- the recovery, step by step ------------------------------------------------------------------
+
+
+def _save(ctx: Context, job: JobRecord, rec: dict[str, Any] | None, *, status: str = RECOVERING,
+          **extra: Any) -> JobRecord:
+    info = {**ctx.store.get_job(job.id).info, **extra}
+    if rec is None:
+        info.pop("recovery", None)
+    else:
+        info["recovery"] = rec
+    ctx.store.update_job(job.id, status=status, info=info)
+    return ctx.store.get_job(job.id)
+
+
+def begin(cluster: Cluster, job: JobRecord, ctx: Context, v: Verdict) -> JobRecord:
+    recs = list(job.info.get("recoveries") or [])
+    progress = _progress(job, recs)
+    streak = 0 if progress else _streak(recs) + 1
+    backoff = min(float(policy(job).get("backoff_s", 30)) * (2 ** max(0, streak - 1)), MAX_BACKOFF_S)
+    rec = {"attempt": int(job.info.get("attempt", 1)) + 1, "kind": v.kind, "lost": v.lost,
+           "reprovision": v.reprovision, "detail": v.detail, "detected_at": time.time(),
+           "failed_exit_code": job.exit_code, "progress": progress, "backoff_s": backoff,
+           "store_newest": _newest(job) if job.info.get("checkpoint_store") else None, "phase": "stopping"}
+    ctx.report.warn(f"job {job.id}: {v.detail}; recovering (attempt {rec['attempt']}, "
+                    f"{len(recs) + 1} of at most {policy(job)['max_restarts']} recoveries)")
+    return _save(ctx, job, rec)
+
+
+def resume(cluster: Cluster, job: JobRecord, ctx: Context) -> JobRecord:
+    """Take the recorded recovery of ``job`` from its recorded phase to the relaunch."""
+    from gtrain.checkpoints.ship import relaunch
+
+    with cluster_lock(ctx.store.home, cluster.name, "recover"):
+        job = ctx.store.get_job(job.id)
+        rec = dict(job.info.get("recovery") or {})
+        if job.status != RECOVERING or not rec:
+            return job
+        backend = ctx.backend(cluster)
+        if rec["phase"] == "stopping":
+            ctx.report.info(f"stopping the job's ranks on every node ({rec['kind']} of node(s) {rec['lost']})")
+            backend.cancel(job, grace_s=5)
+            rec.update(phase="backoff", until=time.time() + float(rec.get("backoff_s", 0)))
+            job = _save(ctx, job, rec)
+        if rec["phase"] == "backoff":
+            while time.time() < float(rec["until"]):
+                if ctx.store.get_job(job.id).status != RECOVERING:  # cancelled meanwhile
+                    return ctx.store.get_job(job.id)
+                time.sleep(min(0.5, max(0.0, float(rec["until"]) - time.time())))
+            rec.update(phase="provisioning")
+            job = _save(ctx, job, rec)
+        if rec["phase"] == "provisioning":
+            if rec["reprovision"]:
+                _reprovision(cluster, job, ctx, rec)
+            rec.update(phase="launching", provisioned_at=time.time())
+            job = _save(ctx, job, rec)
+        if rec["phase"] == "launching":
+            if ctx.store.get_job(job.id).status != RECOVERING:
+                return ctx.store.get_job(job.id)
+            backend.cancel(job, grace_s=5)  # a launch a killed watcher had begun: ended before the next one
+            rec["launch_started_at"] = time.time()
+            relaunch(cluster, job, ctx, int(rec["attempt"]))
+            now = time.time()
+            c = ctx.store.get_cluster_by_id(cluster.id)
+            seconds = now - float(rec["detected_at"])
+            done = {k: v for k, v in rec.items() if k not in ("phase", "until")}
+            done.update(ended_at=now, seconds=round(seconds, 3),
+                        cost_usd=round(seconds * c.price_per_hour * c.num_nodes / 3600, 6),
+                        provision_s=round(float(rec.get("provisioned_at", now)) - float(rec["detected_at"]), 3),
+                        launch_s=round(now - float(rec["launch_started_at"]), 3))
+            recs = [*(ctx.store.get_job(job.id).info.get("recoveries") or []), done]
+            job = _save(ctx, job, None, status=JobState.RUNNING.value, recoveries=recs)
+    return job
+
+
+def _reprovision(cluster: Cluster, job: JobRecord, ctx: Context, rec: dict[str, Any]) -> None:
+    provider = ctx.provider(cluster.provider)
+    spec = ctx.spec_of(cluster)
+    plan = provider.plan(spec)
+    for rank in rec["reprovision"]:
+        ctx.store.close_node_interval(cluster.id, rank, at=float(rec["detected_at"]))
+    ctx.report.info(f"re-provisioning node(s) {rec['reprovision']} of {cluster.name}")
+    started = time.time()
+    provider.provision(spec, cluster, plan)  # idempotent: makes only what is missing
+    for rank in rec["reprovision"]:  # the replacement nodes are billed from now
+        ctx.store.open_interval(cluster.id, rank, instance_type=plan.instance_type, market=plan.market,
+                                price_per_hour=plan.price_per_hour, started_at=started)
+
+
+# ---- the watcher -----------------------------------------------------------------------------------
+
+
+def wait(cluster: Cluster, job: JobRecord, ctx: Context, on_line: Callable[[LogLine], None], *,
+         tail: int | None = None, nodes: list[int] | None = None, rank: int | None = None) -> JobRecord:
+    """Follow ``job`` to its end, recovering it on the way as its policy says (when no other process is)."""
+    from gtrain.jobs.follow import follow
+
+    if int(policy(job).get("max_restarts", 0)) <= 0 and job.status != RECOVERING:
+        return follow(cluster, job, ctx, on_line, tail=tail, nodes=nodes, rank=rank)
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(watcher_lock(ctx, cluster.name))
+        except ClusterBusy as e:
+            ctx.report.info(f"{e.message}: it recovers this job; only following here")
+            return follow(cluster, job, ctx, on_line, tail=tail, nodes=nodes, rank=rank)
+        while True:
+            job = ctx.store.get_job(job.id)
+            if job.status == RECOVERING:
+                job = resume(cluster, job, ctx)
+                if job.status != JobState.RUNNING.value:
+                    return job
+                tail = None  # a new attempt: all of its lines
+            job = follow(cluster, job, ctx, on_line, tail=tail, nodes=nodes, rank=rank,
+                         check=lambda: lost_reason(cluster, ctx), check_every_s=_watch_poll_s())
+            if job.status in (JobState.SUCCEEDED.value, JobState.CANCELLED.value):
+                return job
+            v = classify(cluster, job, ctx)
+            if not v.recover:
+                if job.status not in (JobState.FAILED.value, JobState.PREEMPTED.value):  # still running, lost a node
+                    ctx.backend(cluster).cancel(job, grace_s=5)
+                    ctx.store.update_job(job.id, status=JobState.FAILED.value, exit_code=job.exit_code or 1)
+                ctx.report.warn(f"not recovering: {v.why}")
+                return _save(ctx, job, None, status=ctx.store.get_job(job.id).status, recovery_stopped=v.why)
+            begin(cluster, job, ctx, v)
+
+
+def status_note(cluster: Cluster, job: JobRecord | None, ctx: Context) -> str | None:
+    """What `status` says of the cluster's recovery: who recovers a lost node now (nobody, without a watcher)."""
+    if job is None:
+        return None
+    pol, recs = policy(job), list(job.info.get("recoveries") or [])
+    done = f"{len(recs)} recovery(ies) so far, attempt {job.info.get('attempt', 1)}" if recs else ""
+    if job.status in ("succeeded", "failed", "cancelled", "preempted"):
+        why = job.info.get("recovery_stopped")
+        return "; ".join(x for x in (done, f"stopped recovering: {why}" if why else "") if x) or None
+    if int(pol.get("max_restarts", 0)) <= 0:
+        return None
+    if watched(ctx, cluster.name):
+        state = "recovering now" if job.status == RECOVERING else "watched: a lost node is recovered"
+        return "; ".join(x for x in (state, done) if x)
+    what = (f"a recovery is halfway ({(job.info.get('recovery') or {}).get('phase')})"
+            if job.status == RECOVERING else "a lost node will NOT be recovered")
+    return "; ".join(x for x in (f"no watcher is running: {what}; `gtrain watch {cluster.name}` recovers it", done)
+                     if x)

@@ -1,0 +1,182 @@
+"""The CLI's side of the nodes' checkpoint tool: the bundle, the write probe at launch, and the relaunch of a
+job's next attempt under the same job id (the nodes restore from the store before the script starts)."""
+
+from __future__ import annotations
+
+import io
+import json
+import shlex
+import time
+import zipfile
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gtrain.errors import ConfigError, RemoteCommandError, SyncError
+
+if TYPE_CHECKING:
+    from gtrain.context import Context
+    from gtrain.events import Reporter
+    from gtrain.jobs.backend import JobBackend, JobPlan
+    from gtrain.spec import ClusterSpec
+    from gtrain.state import Cluster
+    from gtrain.state import Job as JobRecord
+    from gtrain.sync.pull import PullResult
+
+BUNDLE = "gtrain-ckpt.pyz"
+_MINE = ("checkpoints/__init__.py", "checkpoints/store.py", "checkpoints/node.py")
+_MAIN = "import sys\nfrom gtrain.checkpoints.node import main\nsys.exit(main())\n"
+#: what one attempt leaves in a job's folder on a node; moved to attempt-N/ before the next one starts
+_ATTEMPT_FILES = ("state.json", "pid", "cancel", "node.log", "logs", "ckpt-stop", "ckpt-restored.json",
+                  "ckpt-uploads.jsonl")
+
+
+@lru_cache(maxsize=1)
+def bundle() -> bytes:
+    """``job.data``'s sync-engine zip plus the checkpoint tool, runnable as ``python3 gtrain-ckpt.pyz``."""
+    from gtrain.jobs.data import bundle as sync_bundle
+
+    root = Path(__file__).resolve().parent.parent
+    buf = io.BytesIO(sync_bundle())
+    with zipfile.ZipFile(buf, "a", zipfile.ZIP_DEFLATED) as z:
+        for rel in _MINE:
+            z.writestr(zipfile.ZipInfo(f"gtrain/{rel}", date_time=(2020, 1, 1, 0, 0, 0)), (root / rel).read_bytes())
+        z.writestr(zipfile.ZipInfo("__main__.py", date_time=(2020, 1, 1, 0, 0, 0)), _MAIN)
+    return buf.getvalue()
+
+
+def _runners(backend: JobBackend) -> list[Any]:
+    runners = getattr(backend, "runners", None)
+    if runners is None:
+        raise ConfigError(f"job.checkpoint_store: the {backend.name} backend does not run gtrain's checkpoint "
+                          "uploader", field="job.checkpoint_store", hint="remove job.checkpoint_store here")
+    return list(runners)
+
+
+def run_tool(backend: JobBackend, plan: JobPlan, node: int, *args: str, timeout: float = 3600) -> dict[str, Any]:
+    """Run the checkpoint tool on ``node`` with the job's env and secrets; its one JSON line."""
+    from gtrain.jobs.nodescript import secret_stdin
+    from gtrain.jobs.render import render
+
+    job = plan.request.spec.job
+    assert job is not None and job.checkpoint_store
+    r, c = _runners(backend)[node], plan.private["contexts"][node]
+    script = render("ckpt.sh", c, bundle=f"{r.root}/{BUNDLE}", ckpt_args=[args[0], job.checkpoint_store,
+                                                                          plan.job_id, str(node), *args[1:]])
+    r.run(f"mkdir -p {shlex.quote(c.job_dir)}")
+    r.write_file(f"{c.job_dir}/ckpt.sh", script.encode(), 0o700)
+    res = r.run(f"bash {shlex.quote(c.job_dir)}/ckpt.sh", stdin=secret_stdin(job), check=False, timeout=timeout)
+    last = (res.stdout.strip().splitlines() or [""])[-1]
+    try:
+        doc = dict(json.loads(last))
+    except ValueError:
+        raise RemoteCommandError(r.label, "checkpoint store", res.rc, res.stderr[-2000:]) from None
+    if "error" in doc:
+        raise SyncError(f"node {node}: job.checkpoint_store {job.checkpoint_store}: {doc['error']}",
+                        hint=doc.get("hint") or "the nodes need write access to the store (job.env / job.secrets, "
+                        "or an instance role)")
+    return doc
+
+
+def prepare(plan: JobPlan, backend: JobBackend, report: Reporter, *, attempt: int = 1) -> None:
+    """Before a submit: record the durable-run fields in the plan's info; with a store, ship the tool to every
+    node and probe a write from each (a store that refuses writes fails the launch here, nothing started)."""
+    from gtrain.remote.fanout import parallel
+
+    spec = plan.request.spec
+    job = spec.job
+    assert job is not None
+    plan.info.update({"attempt": attempt, "checkpoint_store": job.checkpoint_store,
+                      "recovery_policy": spec.policies.recovery.to_info(),
+                      "spec": spec.to_yaml_dict(), "base_dir": spec.base_dir})
+    if not job.checkpoint_store:
+        return
+    runners = _runners(backend)
+
+    def one(i: int) -> None:
+        runners[i].write_file(f"{runners[i].root}/{BUNDLE}", bundle(), 0o600)
+        run_tool(backend, plan, i, "probe", timeout=120)
+
+    parallel(one, list(range(len(runners))))
+    report.info(f"checkpoint store {job.checkpoint_store}/{plan.job_id}: writable from every node")
+
+
+def job_spec(job: JobRecord, cluster: Cluster, ctx: Context) -> ClusterSpec:
+    """The spec the job was launched with (its job section may differ from the cluster's)."""
+    from gtrain.spec import parse_spec
+
+    if isinstance(job.info.get("spec"), dict):
+        return parse_spec(job.info["spec"], base_dir=job.info.get("base_dir"))
+    return ctx.spec_of(cluster)
+
+
+def relaunch(cluster: Cluster, job: JobRecord, ctx: Context, attempt: int) -> None:
+    """Start attempt ``attempt`` of ``job`` under the same job id: what the last attempt left on each node is
+    moved to ``attempt-N/``, the nodes restore the newest complete checkpoint from the store."""
+    from gtrain.jobs.backend import JobRequest
+    from gtrain.remote.fanout import parallel
+
+    spec = job_spec(job, cluster, ctx)
+    workdir = str(job.info.get("workdir") or spec.workdir_path())
+    backend = ctx.backend(cluster)
+    plan = backend.dryrun(backend.reserve(JobRequest(cluster, spec, job.id, workdir)))
+    prepare(plan, backend, ctx.report, attempt=attempt)
+    runners = _runners(backend)
+    files = " ".join(_ATTEMPT_FILES)
+
+    def archive(i: int) -> None:
+        c = plan.private["contexts"][i]
+        q = shlex.quote(c.job_dir)
+        runners[i].run(f"mkdir -p {q} && cd {q} && prev=$(cat attempt 2>/dev/null || echo 1) && "
+                       f"mkdir -p attempt-$prev && for f in {files}; do [ ! -e $f ] || mv -f $f attempt-$prev/; done; "
+                       f"echo {attempt} > attempt")
+
+    parallel(archive, list(range(len(runners))))
+    info = {**ctx.store.get_job(job.id).info, **{k: v for k, v in plan.info.items() if k != "spec"},
+            "final": False, "master": plan.info.get("master"), "attempt": attempt}
+    backend.submit(plan, ctx.report)
+    with ctx.store.tx() as c:  # a new attempt: the last one's end is not the job's
+        c.execute("UPDATE jobs SET exit_code=NULL, ended_at=NULL WHERE id=?", (job.id,))
+    ctx.store.update_job(job.id, status="running", info=info)
+    ctx.report.info(f"job {job.id} attempt {attempt} started on {cluster.num_nodes} node(s)")
+
+
+def store_checkpoints(job: JobRecord) -> list[dict[str, Any]] | None:
+    """The job's checkpoints in its store (None: the job has no store), oldest first."""
+    url = job.info.get("checkpoint_store")
+    if not url:
+        return None
+    from gtrain.checkpoints.store import Store
+
+    st = Store(str(url), job.id)
+    try:
+        return [c.to_dict() for c in st.checkpoints()]
+    finally:
+        st.close()
+
+
+def pull_from_store(job: JobRecord, dest: Path) -> PullResult:
+    """``gtrain pull`` of a job with a store: every complete checkpoint, straight from the store (no node is
+    asked; each file verified by sha256)."""
+    from gtrain.checkpoints.store import Store
+    from gtrain.sync.pull import PullResult
+
+    st = Store(str(job.info["checkpoint_store"]), job.id)
+    t0 = time.monotonic()
+    res = PullResult(str(dest), [])
+    try:
+        done = [c for c in st.checkpoints() if c.complete]
+        if not done:
+            raise SyncError(f"{st.where}: no complete checkpoint in the store yet")
+        dest.mkdir(parents=True, exist_ok=True)
+        for ckpt in done:
+            got, kept, nbytes = st.restore(ckpt, dest)
+            res.transferred += got
+            res.skipped += kept
+            res.bytes += nbytes
+            res.nodes = sorted(set(res.nodes) | set(ckpt.manifests))
+        res.files = len(res.transferred) + len(res.skipped)
+        res.seconds = time.monotonic() - t0
+        return res
+    finally:
+        st.close()

@@ -1,0 +1,201 @@
+"""The checkpoint store: layout, manifests, upload, listing and restore. Stdlib + gtrain's sync engine only
+(it runs on the nodes, shipped in ``gtrain-ckpt.pyz``, and in the CLI for ``pull`` / ``down``).
+
+Layout under ``job.checkpoint_store`` (``s3://bucket/prefix`` or ``gs://bucket/prefix``)::
+
+    <store>/<job-id>/node-K/<name>[/<file>...]      a checkpoint as node K wrote it under checkpoint_dir
+    <store>/<job-id>/node-K/.gtrain/<name>.json     its manifest, written LAST: {name, node, files: [{path,
+                                                    size, sha256}], mtime, written_at, attempt}
+    <store>/<job-id>/.probe-node-K                  written and deleted by the launch's write probe
+
+A checkpoint is a top-level entry of checkpoint_dir (a file ``step-10.pt`` or a folder ``step-10/``). It is
+COMPLETE in the store when some node's manifest names it and every node that has objects under it has its
+manifest too (a node still uploading has objects but no manifest yet). Restore puts the union of every
+node's files of the newest complete checkpoint on each node: torchrun assigns ranks anew on every launch, so
+what only rank 0's node wrote must reach every node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gtrain.errors import SyncError
+from gtrain.sync.local import hash_file, tmp_path, unlink_tmp
+from gtrain.sync.model import Backend, RemoteObject, RemoteURL
+
+META_DIR = ".gtrain"
+
+
+def _noop(_n: int) -> None:
+    return None
+
+
+@dataclass
+class Checkpoint:
+    """One checkpoint as the store holds it, across nodes."""
+
+    name: str
+    manifests: dict[int, dict[str, Any]] = field(default_factory=dict)  # node -> manifest
+    writers: set[int] = field(default_factory=set)  # nodes with data objects under it
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.manifests) and self.writers <= set(self.manifests)
+
+    @property
+    def mtime(self) -> float:
+        return max((float(m.get("mtime") or 0) for m in self.manifests.values()), default=0.0)
+
+    @property
+    def bytes(self) -> int:
+        return sum(int(f["size"]) for m in self.manifests.values() for f in m["files"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "complete": self.complete, "nodes": sorted(self.manifests),
+                "bytes": self.bytes, "mtime": self.mtime,
+                "written_at": max((float(m.get("written_at") or 0) for m in self.manifests.values()), default=0.0)}
+
+
+class Store:
+    """One job's part of the checkpoint store."""
+
+    def __init__(self, store_url: str, job_id: str, *, backend: Backend | None = None, workers: int = 16) -> None:
+        from gtrain.sync.objstore import make_backend, parse_location
+
+        base = parse_location(store_url, "job.checkpoint_store")
+        if not isinstance(base, RemoteURL):
+            raise SyncError(f"job.checkpoint_store {store_url!r} is not an s3:// or gs:// URL")
+        self.url = RemoteURL(base.scheme, base.bucket, f"{base.key_prefix}{job_id}")
+        self.where = f"{store_url.rstrip('/')}/{job_id}"
+        self.backend = backend or make_backend(self.url, fld="job.checkpoint_store", workers=workers)
+
+    def close(self) -> None:
+        self.backend.close()
+
+    # ---- writing ---------------------------------------------------------------------------------
+
+    def _put_bytes(self, key: str, data: bytes) -> None:
+        fd, tmp = tempfile.mkstemp(prefix=".gtrain-ckpt-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            self.backend.upload(Path(tmp), self.url, self.url.key(key), size=len(data),
+                                digests=hash_file(Path(tmp)), expect=None, progress=_noop)
+        finally:
+            os.unlink(tmp)
+
+    def probe(self, node: int) -> None:
+        """Write (and delete) one object: a store that refuses writes fails here, at launch."""
+        key = f".probe-node-{node}"
+        self._put_bytes(key, f"gtrain write probe {time.time()}\n".encode())
+        self.backend.delete(self.url, [self.url.key(key)])
+
+    def upload(self, node: int, root: Path, name: str, files: list[str], *, attempt: int = 0) -> dict[str, Any]:
+        """Upload checkpoint ``name`` (``files``: paths relative to ``root``), each verified by checksum on the
+        wire, then its manifest. A file that changes while it is uploaded fails the checkpoint (SyncError)."""
+        entries: list[dict[str, Any]] = []
+        mtime = 0.0
+
+        def one(rel: str) -> dict[str, Any]:
+            path = root / rel
+            st = path.stat()
+            digests = hash_file(path)
+            self.backend.upload(path, self.url, self.url.key(f"node-{node}/{rel}"), size=st.st_size,
+                                digests=digests, expect=None, progress=_noop)
+            after = path.stat()
+            if (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
+                raise SyncError(f"{path} changed while it was uploaded")
+            return {"path": rel, "size": st.st_size, "sha256": digests.sha256, "mtime": st.st_mtime}
+
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            entries = list(pool.map(one, sorted(files)))
+        mtime = max((e["mtime"] for e in entries), default=0.0)
+        doc = {"name": name, "node": node, "files": entries, "mtime": mtime, "written_at": time.time(),
+               "attempt": attempt}
+        self._put_bytes(f"node-{node}/{META_DIR}/{name}.json", json.dumps(doc, indent=1).encode())
+        return doc
+
+    # ---- reading ---------------------------------------------------------------------------------
+
+    def _get_json(self, obj: RemoteObject) -> dict[str, Any] | None:
+        fd, tmp = tempfile.mkstemp(prefix=".gtrain-ckpt-")
+        os.close(fd)
+        try:
+            self.backend.download(self.url, obj, Path(tmp), progress=_noop)
+            doc = json.loads(Path(tmp).read_text())
+            return doc if isinstance(doc, dict) and isinstance(doc.get("files"), list) else None
+        except (ValueError, SyncError):
+            return None
+        finally:
+            os.unlink(tmp)
+
+    def checkpoints(self) -> list[Checkpoint]:
+        """Every checkpoint of the job in the store, oldest first (by the time its files were written)."""
+        found: dict[str, Checkpoint] = {}
+        metas: list[tuple[int, str, RemoteObject]] = []
+        for obj in self.backend.list(self.url):
+            rel = obj.key[len(self.url.key_prefix):]
+            parts = rel.split("/")
+            if len(parts) < 2 or not parts[0].startswith("node-") or not parts[0][5:].isdigit():
+                continue
+            node = int(parts[0][5:])
+            if parts[1] == META_DIR:
+                if len(parts) == 3 and parts[2].endswith(".json"):
+                    metas.append((node, parts[2][:-5], obj))
+                continue
+            found.setdefault(parts[1], Checkpoint(parts[1])).writers.add(node)
+        for node, name, obj in metas:
+            doc = self._get_json(obj)
+            if doc is not None:
+                found.setdefault(name, Checkpoint(name)).manifests[node] = doc
+        return sorted(found.values(), key=lambda c: (c.mtime, c.name))
+
+    def newest_complete(self) -> Checkpoint | None:
+        done = [c for c in self.checkpoints() if c.complete]
+        return done[-1] if done else None
+
+    def restore(self, ckpt: Checkpoint, dest: Path) -> tuple[list[str], list[str], int]:
+        """Put every node's files of ``ckpt`` under ``dest`` (verified by sha256, through a temp file and a
+        rename; files already there and identical are kept). Returns (downloaded, kept, bytes)."""
+        wanted: dict[str, tuple[int, dict[str, Any]]] = {}
+        for node in sorted(ckpt.manifests):
+            for f in ckpt.manifests[node]["files"]:
+                rel = str(f["path"])
+                if rel.startswith("/") or ".." in rel.split("/"):
+                    raise SyncError(f"{self.where}: manifest of {ckpt.name} names an unsafe path {rel!r}")
+                wanted.setdefault(rel, (node, f))
+        objs = {o.key: o for o in self.backend.list(self.url)}
+
+        def one(item: tuple[str, tuple[int, dict[str, Any]]]) -> int:
+            rel, (node, f) = item
+            final = dest / rel
+            if final.is_file() and final.stat().st_size == f["size"] and hash_file(final).sha256 == f["sha256"]:
+                return -1
+            obj = objs.get(self.url.key(f"node-{node}/{rel}"))
+            if obj is None:
+                raise SyncError(f"{self.where}/node-{node}/{rel} is missing from the store")
+            final.parent.mkdir(parents=True, exist_ok=True)
+            tmp = tmp_path(final)
+            try:
+                got, digests = self.backend.download(self.url, obj, tmp, progress=_noop)
+                sha = digests.sha256 if digests is not None else hash_file(tmp).sha256
+                if sha != f["sha256"]:
+                    raise SyncError(f"{self.where}/node-{node}/{rel}: content does not match its manifest's sha256")
+                os.replace(tmp, final)
+            finally:
+                unlink_tmp(tmp)
+            return int(f["size"])
+
+        rels = sorted(wanted)
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            sizes = list(pool.map(one, sorted(wanted.items())))
+        got = [r for r, n in zip(rels, sizes, strict=True) if n >= 0]
+        kept = [r for r, n in zip(rels, sizes, strict=True) if n < 0]
+        return got, kept, sum(n for n in sizes if n > 0)

@@ -1,0 +1,132 @@
+"""The checkpoint store against moto's S3: never a half-written file, manifests decide what is complete,
+a restore gives every node the same checkpoint, a store that refuses writes fails the launch."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gtrain.checkpoints.node import Uploader
+from gtrain.checkpoints.store import Store
+
+
+def _bucket(name: str) -> str:
+    import boto3
+
+    boto3.client("s3").create_bucket(Bucket=name)
+    return f"s3://{name}/runs"
+
+
+def test_a_slowly_written_checkpoint_is_uploaded_only_once_complete(moto_server: str, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GTRAIN_CHECKPOINT_SETTLE_S", "0.8")
+    url = _bucket("ckpt-slow")
+    root, job_dir = tmp_path / "ckpt", tmp_path / "job"
+    root.mkdir()
+    job_dir.mkdir()
+    store = Store(url, "job-1")
+    up = Uploader(store, 0, root, job_dir, 1)
+    chunks = [os.urandom(64 * 1024) for _ in range(8)]
+    writing = threading.Event()
+
+    def writer() -> None:  # 8 chunks, 0.3 s apart (less than the settle time), then a pause held open, then closed
+        with open(root / "step-1.pt", "wb") as f:
+            writing.set()
+            for c in chunks:
+                f.write(c)
+                f.flush()
+                time.sleep(0.3)
+            time.sleep(1.5)  # unchanged longer than the settle time, but still open: not complete
+
+    t = threading.Thread(target=writer)
+    t.start()
+    writing.wait()
+    while t.is_alive():
+        assert up.one_pass() == 0
+        assert not [c for c in store.checkpoints() if c.manifests]
+        time.sleep(0.1)
+    time.sleep(0.9)
+    assert up.one_pass() == 1 and up.one_pass() == 0  # once, and not again while unchanged
+    (ck,) = store.checkpoints()
+    assert ck.complete and ck.manifests[0]["files"][0]["sha256"] == hashlib.sha256(b"".join(chunks)).hexdigest()
+    # a marked checkpoint goes at once, settle or not
+    (root / "step-2.pt").write_bytes(b"x" * 10)
+    (root / "step-2.pt.done").write_text("")
+    assert up.one_pass() == 1
+    store.close()
+
+
+def test_restore_takes_the_newest_complete_one_to_every_node(moto_server: str, tmp_path: Path) -> None:
+    url = _bucket("ckpt-restore")
+    store = Store(url, "job-2")
+    n0 = tmp_path / "n0"
+    (n0 / "step-3").mkdir(parents=True)
+    (n0 / "step-3" / "model.pt").write_bytes(b"weights-3")
+    store.upload(0, n0, "step-3", ["step-3/model.pt"])
+    time.sleep(0.01)
+    (n0 / "step-6.pt").write_bytes(b"weights-6")
+    os.utime(n0 / "step-6.pt", (time.time() + 5, time.time() + 5))
+    # node 1 began uploading a newer step-6 shard but has no manifest: step-6 is not complete
+    import boto3
+
+    boto3.client("s3").put_object(Bucket="ckpt-restore", Key="runs/job-2/node-1/step-6.pt", Body=b"half")
+    store.upload(0, n0, "step-6.pt", ["step-6.pt"])
+    assert [c.name for c in store.checkpoints() if c.complete] == ["step-3"]
+    n1 = tmp_path / "n1"
+    got, kept, nbytes = store.restore(store.newest_complete(), n1)  # type: ignore[arg-type]
+    assert got == ["step-3/model.pt"] and kept == [] and (n1 / "step-3" / "model.pt").read_bytes() == b"weights-3"
+    assert store.restore(store.newest_complete(), n1)[1] == ["step-3/model.pt"]  # type: ignore[arg-type]
+    store.close()
+
+
+def test_a_store_that_refuses_writes_fails_the_launch(moto_server: str, gtrain_home: Path, tmp_path: Path) -> None:
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "train.py").write_text("print('hi')\n")
+    spec = tmp_path / "s.yaml"
+    spec.write_text(json.dumps({"name": "refuse", "provider": "local", "num_nodes": 1,
+                                "job": {"workdir": str(work), "run": "train.py",
+                                        "checkpoint_store": "s3://no-such-ckpt-bucket/runs"}}))
+    gt = [sys.executable, "-m", "gtrain"]
+    assert subprocess.run([*gt, "up", str(spec)], capture_output=True, text=True).returncode == 0
+    try:
+        r = subprocess.run([*gt, "launch", str(spec)], capture_output=True, text=True, timeout=120)
+        assert r.returncode in (1, 2) and "no-such-ckpt-bucket" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+        st = subprocess.run([*gt, "status", "refuse", "--json"], capture_output=True, text=True)
+        assert json.loads(st.stdout)["jobs"] == []  # nothing was started
+    finally:
+        subprocess.run([*gt, "down", "refuse", "--yes"], capture_output=True)
+
+
+def test_down_says_what_is_in_the_store_and_refuses_when_the_newest_is_not(moto_server: str, gtrain_home: Path,
+                                                                           tmp_path: Path) -> None:
+    url = _bucket("ckpt-down")
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "train.py").write_text("open('ckpt/step-1.pt', 'w').write('one')\nopen('ckpt/step-1.pt.done', 'w')\n")
+    spec = tmp_path / "s.yaml"
+    spec.write_text(json.dumps({"name": "safe", "provider": "local", "num_nodes": 1,
+                                "job": {"workdir": str(work), "run": "train.py", "checkpoint_dir": "ckpt",
+                                        "checkpoint_store": url}}))
+    gt = [sys.executable, "-m", "gtrain"]
+    assert subprocess.run([*gt, "up", str(spec)], capture_output=True, text=True).returncode == 0
+    r = subprocess.run([*gt, "launch", str(spec), "--wait"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    node_ckpt = gtrain_home / "clusters" / "safe" / "node-0" / "workdir" / "ckpt"
+    later = node_ckpt / "step-2.pt"
+    later.write_text("two")  # written after the job's final flush: on the node only
+    os.utime(later, (time.time() + 10, time.time() + 10))
+    r = subprocess.run([*gt, "down", "safe"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "step-2.pt" in r.stderr and "checkpoints safely in" in r.stderr, r.stderr
+    assert "step-1.pt" in r.stderr  # what is safe is named
+    r = subprocess.run([*gt, "down", "safe", "--yes"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
