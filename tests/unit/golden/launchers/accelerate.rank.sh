@@ -2,6 +2,11 @@
 # gtrain rank wrapper: accelerate launch (torchrun underneath) starts this once per local rank (it sets RANK, LOCAL_RANK, WORLD_SIZE).
 # It gives each global rank its own log file and records the rank's own exit code and when it ended.
 log=/home/u/gtrain/demo/jobs/demo-20260101-000000-abcd/logs/rank-"${RANK}".log
+# gtrain.metrics.log() (or any program: one JSON object per line) writes this rank's metrics here; the job's
+# py/ folder holds a copy of gtrain/metrics.py, importable where gtrain itself is not installed.
+mkdir -p /home/u/gtrain/demo/jobs/demo-20260101-000000-abcd/metrics
+export GTRAIN_METRICS_FILE=/home/u/gtrain/demo/jobs/demo-20260101-000000-abcd/metrics/rank-"${RANK}".jsonl
+export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}"/home/u/gtrain/demo/jobs/demo-20260101-000000-abcd/py
 trap 'kill -TERM "$child" 2>/dev/null' TERM INT HUP
 python3 -u "$@" >>"$log" 2>&1 </dev/null &
 child=$!
