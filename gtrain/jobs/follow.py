@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 #: after a refresh found the job over, how long streams of nodes that are gone may stay open
 SETTLE_S = 10.0
+#: how often a follower applies ``policies.min_gpu_util`` (the telemetry is sampled every 10 s)
+IDLE_CHECK_S = 60.0
 
 
 def follow(cluster: Cluster, job: JobRecord, ctx: Context, on_line: Callable[[LogLine], None], *,
@@ -48,7 +50,7 @@ def follow(cluster: Cluster, job: JobRecord, ctx: Context, on_line: Callable[[Lo
         t.start()
     open_streams = set(picked)
     ended: dict[int, NodeEnded] = {}
-    last_check = last_probe = time.monotonic()
+    last_check = last_probe = last_idle_check = time.monotonic()
     lost = False  # ``check`` gave a reason: the streams of lost nodes are not waited for
     settled_at: float | None = None  # when a refresh found the job over while streams were still open
     while open_streams:
@@ -72,6 +74,9 @@ def follow(cluster: Cluster, job: JobRecord, ctx: Context, on_line: Callable[[Lo
                 ctx.report.warn(f"job {job.id}: {why}")
                 lost = True
                 break
+        if follow and time.monotonic() - last_idle_check > IDLE_CHECK_S:  # policies.min_gpu_util
+            last_idle_check = time.monotonic()
+            _idle_gpus(cluster, job, ctx)
         # A node that ended badly while others still run: refresh (which stops the rest, see refresh_job).
         if follow and ended and open_streams and time.monotonic() - last_check > 2:
             last_check = time.monotonic()
@@ -82,3 +87,16 @@ def follow(cluster: Cluster, job: JobRecord, ctx: Context, on_line: Callable[[Lo
     for t in threads:
         t.join(timeout=0 if lost else 5)
     return refresh_job(cluster, ctx.store.get_job(job.id), ctx) if follow else ctx.store.get_job(job.id)
+
+
+def _idle_gpus(cluster: Cluster, job: JobRecord, ctx: Context) -> None:
+    """``policies.min_gpu_util``: warn (or, with ``action: stop``, stop the job) when every GPU has idled that
+    long while the money runs. Whoever follows the job applies it; a failure to read telemetry is not one."""
+    from gtrain.errors import GtrainError
+    from gtrain.health.telemetry import enforce_min_gpu_util
+
+    try:
+        if msg := enforce_min_gpu_util(cluster, ctx.store.get_job(job.id), ctx):
+            ctx.report.warn(msg)
+    except (GtrainError, OSError, ValueError) as e:
+        ctx.report.warn(f"could not read GPU telemetry: {getattr(e, 'message', e)}")
