@@ -40,7 +40,6 @@ def test_key_value_patterns_only_for_the_keys_asked() -> None:
 
 
 def test_tensorboard_event_files_when_the_reader_is_installed(tmp_path: Path) -> None:
-    pytest.importorskip("tensorboard")
     from torch.utils.tensorboard import SummaryWriter  # writes real event files
 
     from gtrain.runlog.parse import read_tensorboard
