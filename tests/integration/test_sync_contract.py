@@ -71,7 +71,8 @@ class S3(Store):
         from gtrain.sync.s3wire import S3Wire
 
         super().__init__(via)
-        self.sdk = boto3.client("s3")
+        # not the default session: it keeps the first credentials it saw (moto's, earlier in the run)
+        self.sdk = boto3.session.Session().client("s3")
         self.wire = S3Wire()
         self.sdk.create_bucket(Bucket=self.bucket)
 
