@@ -9,15 +9,12 @@ namespaces share (only the home folder is the host's own)."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-import gtrain
-from gtrain.spec import parse_spec
-from tests.integration.test_slurm import _slurm_id, cli, processes, slurm_spec, write
+from tests.integration.test_slurm import _slurm_id, cli, down_cancels_running, slurm_spec, write
 
 
 @pytest.fixture
@@ -61,16 +58,13 @@ def test_two_node_job_through_the_login_node(slurm_cluster: Any, login: dict[str
     assert not (slurm_cluster.shared / "gtrain" / "sl-login").exists()  # removed through the login node
 
 
-def test_down_through_the_login_node_cancels(slurm_cluster: Any, login: dict[str, Any], tmp_path: Path) -> None:
+def test_exec_and_down_through_the_login_node(slurm_cluster: Any, login: dict[str, Any], tmp_path: Path) -> None:
     spec = _spec(slurm_cluster, tmp_path, "sl-login-down", "slurm_train.py --steps 200 --step-s 0.5", login)
-    gtrain.up(parse_spec(spec))
-    job_id = gtrain.launch(parse_spec(spec)).job_id
-    deadline = time.monotonic() + 90
-    while len(processes(job_id)) < 4:
-        assert time.monotonic() < deadline, gtrain.status("sl-login-down")
-        time.sleep(0.3)
-    sid = _slurm_id(job_id)
-    res = cli("down", "sl-login-down")
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert processes(job_id) == []
-    assert [j for j in slurm_cluster.jobs() if j.startswith(f"{sid} ")] == [f"{sid} CANCELLED {job_id}"]
+
+    def exec_on_the_nodes(job_id: str) -> None:  # srun --overlap from the login node to the job's nodes
+        res = cli("exec", "sl-login-down", "--", "echo where=$SLURMD_NODENAME")
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert f"inside Slurm job {_slurm_id(job_id)}" in res.stderr, res.stderr
+        assert "where=gtn1" in res.stdout and "where=gtn2" in res.stdout, res.stdout
+
+    down_cancels_running(slurm_cluster, spec, exec_on_the_nodes)

@@ -164,26 +164,55 @@ class SlurmBackend(JobBackend):
         for node_files in plan.files.values():
             for name, text in node_files.items():
                 runner.write_file(f"{jroot}/{name}", text.encode(), 0o700)
+        alloc = self.alloc
         try:
-            sid = self.slurm.sbatch(f"{jroot}/batch.sh", secret_stdin(job) or None)
+            if alloc:
+                sid = self._start_step(plan, runner, alloc, secret_stdin(job))
+            else:
+                sid = self.slurm.sbatch(f"{jroot}/batch.sh", secret_stdin(job) or None)
         except GtrainError:
             runner.run(f"rm -rf {shlex.quote(jroot)}", check=False)  # nothing submitted: nothing left
             raise
         store = self.provider.store
         store.update_job(plan.job_id, status=JobState.PENDING.value,
-                         info={**store.get_job(plan.job_id).info, "slurm_job_id": sid})
-        rep.info(f"job {plan.job_id} submitted as Slurm job {sid}")
+                         info={**store.get_job(plan.job_id).info, "slurm_job_id": sid,
+                               **({"slurm_hold": True} if alloc else {})})
+        rep.info(f"job {plan.job_id} started as a step of the held Slurm allocation {sid}" if alloc
+                 else f"job {plan.job_id} submitted as Slurm job {sid}")
         return plan.job_id
+
+    @property
+    def alloc(self) -> str | None:
+        """The allocation `up` holds (slurm.hold), else None: each launch is its own sbatch job."""
+        got = self.cluster.extra.get("slurm", {}).get("alloc_id")
+        return str(got) if got else None
+
+    def _start_step(self, plan: JobPlan, runner: Any, alloc: str, secrets: bytes) -> str:
+        from gtrain.providers.slurm import hold
+
+        hold.check_alive(self.slurm, alloc)
+        gpus = plan.request.spec.resources.gpus_per_node if plan.request.spec.resources.accelerators else 0
+        jroot = self.job_root(plan.job_id)
+        runner.write_file(f"{jroot}/step.sh", hold.step_script(plan.job_id, jroot, alloc, gpus).encode(), 0o700)
+        runner.start_detached(self.slurm.shell_line(["exec", "bash", f"{jroot}/step.sh"])
+                              + f" >>{shlex.quote(jroot)}/step.log 2>&1", stdin=secrets)
+        return alloc
 
     # ---- state -----------------------------------------------------------------------------------
 
-    def _row(self, job: JobRecord, max_age: float | None = None) -> tuple[str | None, str]:
+    def _row(self, job: JobRecord, max_age: float | None = None,
+             step: dict[str, Any] | None = None) -> tuple[str | None, str]:
         """(Slurm state word, pending reason) of the job: ONE squeue call, or the provider's copy of one made
-        less than ``max_age`` seconds ago; sacct when slurmctld has forgotten the job."""
+        less than ``max_age`` seconds ago; sacct when slurmctld has forgotten the job. A step of a held
+        allocation: the allocation's row and the step wrapper's files (``step``, from the same read)."""
         sid = job.info.get("slurm_job_id")
         if not sid:
             return None, "never submitted"
         row: SqueueRow | None = self.provider.squeue_row(self.cluster, str(sid), max_age)
+        if job.info.get("slurm_hold"):
+            from gtrain.providers.slurm.hold import step_word
+
+            return step_word(row.state if row else None, row.reason if row else "", step or {})
         if row is not None:
             return row.state, row.reason
         acct = self.slurm.sacct([str(sid)]) or {}
@@ -197,8 +226,8 @@ class SlurmBackend(JobBackend):
     def describe(self, job: JobRecord, nodes: list[int] | None = None) -> JobDescription:
         from gtrain.jobs.status import job_exit_code
 
-        word, reason = self._row(job, max_age=0)
         snap = self._files(job)
+        word, reason = self._row(job, max_age=0, step=snap.get("step"))
         statuses = [self._node(k, word, snap["nodes"].get(str(k), {})) for k in range(self.num_nodes)]
         if word is None:  # forgotten by slurmctld, no accounting: the nodes' own files are all we have
             from gtrain.jobs.status import aggregate
@@ -243,10 +272,16 @@ class SlurmBackend(JobBackend):
         sid = job.info.get("slurm_job_id")
         if not sid:
             return
-        self.slurm.scancel([str(sid)])
+        if job.info.get("slurm_hold"):  # the job's step only: the allocation stays held
+            from gtrain.providers.slurm.hold import cancel_step
+
+            cancel_step(self.provider, self.cluster, self.slurm, str(sid), job.id, self.job_root(job.id))
+        else:
+            self.slurm.scancel([str(sid)])
         deadline = time.monotonic() + grace_s + 60
         while time.monotonic() < deadline:
-            word, _ = self._row(job, max_age=0)
+            step = self._files(job).get("step") if job.info.get("slurm_hold") else None
+            word, _ = self._row(job, max_age=0, step=step)
             if word is None or SLURM_STATES.get(word, JobState.UNKNOWN).terminal:
                 return
             time.sleep(0.2)
@@ -260,14 +295,16 @@ class SlurmBackend(JobBackend):
         seen = 0
         said = ""
         first = True
+        step = self._files(job).get("step") if follow and job.info.get("slurm_hold") else None
         while True:
-            word, reason = self._row(job, max_age=1.0) if follow else (None, "")
+            word, reason = self._row(job, max_age=1.0, step=step) if follow else (None, "")
             state = SLURM_STATES.get(word or "", JobState.UNKNOWN)
             done = not follow or state.terminal or word is None
             got = self.provider.login_call(self.cluster, "read", ndir, json.dumps(offsets),
                                            str(-1 if tail is None or not first else tail), "1" if done else "0")
             first = False
             offsets = dict(got["offsets"])
+            step = got.get("step")
             for tag, text in got["lines"]:
                 r = int(tag) if tag.isdigit() else None
                 seen += 1
