@@ -33,16 +33,14 @@ def test_hold_two_launches_in_one_allocation_cancel_exec_cost_down(slurm_cluster
         assert res.returncode == 0, res.stdout + res.stderr
         assert f"inside the held allocation {alloc}" in res.stderr
         assert "on gtn1" in res.stdout and "on gtn2" in res.stdout, res.stdout
-        for _ in range(2):  # two launches, one allocation
-            res = cli("launch", path, "--wait")
+        for run, code in (("slurm_train.py --steps 1 --exit-code 7", 7), ("slurm_train.py --steps 2", 0)):
+            spec["job"]["run"] = run  # two launches, one allocation; a failing rank's code comes through
+            res = cli("launch", write(tmp_path, spec), "--wait")
             out = res.stdout + res.stderr
-            assert res.returncode == 0, out
+            assert res.returncode == code, out
             assert f"step of the held Slurm allocation {alloc}" in out
             for r in range(4):
                 assert f"slurm rank {r}/4" in out, out[-3000:]
-        spec["job"]["run"] = "slurm_train.py --steps 1 --exit-code 7"
-        res = cli("launch", write(tmp_path, spec), "--wait")
-        assert res.returncode == 7, res.stdout + res.stderr  # a failing rank's code, through the step
         spec["job"]["run"] = "slurm_train.py --steps 200 --step-s 0.5"
         job_id = gtrain.launch(parse_spec(spec)).job_id
         wait_ranks(job_id)

@@ -33,6 +33,7 @@ from gtrain.jobs.backend import (
     RankStatus,
 )
 from gtrain.jobs.render import NodeContext
+from gtrain.providers.slurm.states import SLURM_STATES, STATE_EXIT, STATE_REASON, render
 
 if TYPE_CHECKING:
     from gtrain.providers.slurm.commands import SqueueRow
@@ -40,42 +41,9 @@ if TYPE_CHECKING:
     from gtrain.state import Cluster
     from gtrain.state import Job as JobRecord
 
-#: Slurm's job states -> gtrain's (squeue %T / sacct State words)
-SLURM_STATES: dict[str, JobState] = {
-    "PENDING": JobState.PENDING, "CONFIGURING": JobState.PENDING, "REQUEUED": JobState.PENDING,
-    "REQUEUE_HOLD": JobState.PENDING, "REQUEUE_FED": JobState.PENDING, "RESV_DEL_HOLD": JobState.PENDING,
-    "SUSPENDED": JobState.PENDING,
-    "RUNNING": JobState.RUNNING, "COMPLETING": JobState.RUNNING, "STAGE_OUT": JobState.RUNNING,
-    "SIGNALING": JobState.RUNNING, "RESIZING": JobState.RUNNING, "STOPPED": JobState.RUNNING,
-    "COMPLETED": JobState.SUCCEEDED,
-    "FAILED": JobState.FAILED, "BOOT_FAIL": JobState.FAILED, "DEADLINE": JobState.FAILED,
-    "NODE_FAIL": JobState.FAILED, "OUT_OF_MEMORY": JobState.FAILED, "TIMEOUT": JobState.FAILED,
-    "SPECIAL_EXIT": JobState.FAILED,
-    "CANCELLED": JobState.CANCELLED, "REVOKED": JobState.CANCELLED,
-    "PREEMPTED": JobState.PREEMPTED,
-}
-#: the job's exit code for the terminal states whose ranks' own codes do not tell the story
-STATE_EXIT: dict[str, int] = {"TIMEOUT": 124, "CANCELLED": 130, "REVOKED": 130, "OUT_OF_MEMORY": 137,
-                              "NODE_FAIL": 255, "BOOT_FAIL": 255, "DEADLINE": 124}
-#: what a terminal Slurm state means, in words (the job's reason)
-STATE_REASON: dict[str, str] = {
-    "TIMEOUT": "TIMEOUT: the job reached its time limit (slurm.time)",
-    "NODE_FAIL": "NODE_FAIL: a node of the allocation failed",
-    "OUT_OF_MEMORY": "OUT_OF_MEMORY: a step ran out of memory",
-    "PREEMPTED": "PREEMPTED: the scheduler preempted the job",
-    "CANCELLED": "CANCELLED: scancel",
-    "BOOT_FAIL": "BOOT_FAIL: a node failed to boot",
-    "DEADLINE": "DEADLINE: the job missed its deadline",
-}
 _TOKEN_NAMES = ("HEAD", "PORT", "SELF", "IPS")
 _RUNTIME = {"HEAD": "GTRAIN_HEAD_ADDR", "PORT": "GTRAIN_RDZV_PORT", "SELF": "GTRAIN_SELF_ADDR",
             "IPS": "GTRAIN_NODE_IPS_RT"}
-
-
-def _render(template: str, values: dict[str, Any]) -> str:
-    from gtrain.jobs.render import _env
-
-    return str(_env().get_template(template).render(**values))
 
 
 def render_job(request: JobRequest, root: str, python: str, sbatch: list[str]) -> dict[int, dict[str, str]]:
@@ -90,8 +58,8 @@ def render_job(request: JobRequest, root: str, python: str, sbatch: list[str]) -
     tokens = {k: f"GTRAINRT{salt}{k}" for k in _TOKEN_NAMES}
     common = {"job_id": request.job_id, "cluster": request.cluster.name, "num_nodes": n, "job_root": job_root}
     files: dict[int, dict[str, str]] = {0: {
-        "batch.sh": _render("slurm/batch.sh.j2", {**common, "sbatch": sbatch}),
-        "node.sh": _render("slurm/node.sh.j2", common),
+        "batch.sh": render("slurm/batch.sh.j2", {**common, "sbatch": sbatch}),
+        "node.sh": render("slurm/node.sh.j2", common),
     }}
     nproc = job.nproc_per_node or request.spec.resources.gpus_per_node or 1
     for k in range(n):
@@ -104,7 +72,7 @@ def render_job(request: JobRequest, root: str, python: str, sbatch: list[str]) -
         values = {**asdict(ctx), "master_port": tokens["PORT"]}
         out = files.setdefault(k, {})
         for name in ("launch.sh", "rank.sh", *(("setup.sh",) if job.setup else ())):
-            text = _render(f"{name}.j2", values)
+            text = render(f"{name}.j2", values)
             for key, tok in tokens.items():  # tokens are shell-safe words: never inside quotes
                 text = text.replace(tok, '"${' + _RUNTIME[key] + '}"')
             out[f"node-{k}/{name}"] = text

@@ -69,10 +69,10 @@ def take_allocation(provider: SlurmProvider, spec: ClusterSpec, opts: SlurmOptio
 
 
 def step_script(job_id: str, job_root: str, alloc: str, gpus: int) -> str:
-    from gtrain.providers.slurm.backend import _render
+    from gtrain.providers.slurm.states import render
 
     port = 20000 + (int(alloc) + zlib.crc32(job_id.encode())) % 20000
-    return _render("slurm/step.sh.j2", {"job_id": job_id, "job_root": job_root, "alloc": alloc, "gpus": gpus,
+    return render("slurm/step.sh.j2", {"job_id": job_id, "job_root": job_root, "alloc": alloc, "gpus": gpus,
                                         "port": port})
 
 
@@ -88,7 +88,7 @@ def check_alive(slurm: Slurm, alloc: str) -> None:
 
 def step_word(alloc_word: str | None, reason: str, step: dict[str, Any]) -> tuple[str | None, str]:
     """The job's state in Slurm's words, from the allocation's squeue row and the step wrapper's files."""
-    from gtrain.providers.slurm.backend import SLURM_STATES
+    from gtrain.providers.slurm.states import SLURM_STATES
 
     done = step.get("exit")
     if done:

@@ -250,7 +250,7 @@ class SlurmProvider(Provider):
         ids |= {str(info["alloc_id"])} if info.get("alloc_id") else set()  # slurm.hold: released here
         live = set(slurm.jobs_with_comment(f"gtrain:{cluster.id}"))
         rows = slurm.squeue(sorted(ids)) or {}
-        from gtrain.providers.slurm.backend import SLURM_STATES
+        from gtrain.providers.slurm.states import SLURM_STATES
 
         live |= {s for s, r in rows.items() if not SLURM_STATES.get(r.state, SLURM_STATES["RUNNING"]).terminal}
         if live:
