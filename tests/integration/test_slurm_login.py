@@ -1,5 +1,7 @@
-"""provider: slurm with ``slurm.login: USER@HOST``: every Slurm command (sbatch, squeue, scontrol, scancel), the
-workdir sync, the job files and the log reads go through an sshd test host acting as the login node.
+"""provider: slurm with ``slurm.login: USER@HOST``: every Slurm command (sbatch or salloc, squeue, scontrol,
+scancel, srun for exec), the workdir sync, the job files and the log reads go through an sshd test host acting
+as the login node: a held allocation's job (logs of every rank, pull), and a submitted job (exec on its nodes,
+cancelled by `down`).
 
 In netns mode the login node is its own network namespace: its 127.0.0.1 is not this machine's, so it gets a
 copy of the test cluster's slurm.conf naming the bridge address of this machine for slurmctld and the nodes
@@ -36,8 +38,10 @@ def _logins(login: dict[str, Any]) -> int:
     return log.read_text(errors="replace").count("Accepted publickey") if log.exists() else 0
 
 
-def test_two_node_job_through_the_login_node(slurm_cluster: Any, login: dict[str, Any], tmp_path: Path) -> None:
-    spec = _spec(slurm_cluster, tmp_path, "sl-login", "slurm_train.py --steps 3", login)
+def test_held_two_node_job_through_the_login_node(slurm_cluster: Any, login: dict[str, Any],
+                                                  tmp_path: Path) -> None:
+    # slurm.hold: salloc at `up`, the step's wrapper started detached on the login node (its srun there)
+    spec = _spec(slurm_cluster, tmp_path, "sl-login", "slurm_train.py --steps 3", {**login, "hold": True})
     dest = tmp_path / "pulled"
     before = _logins(login)
     res = cli("up", write(tmp_path, spec))
@@ -52,10 +56,12 @@ def test_two_node_job_through_the_login_node(slurm_cluster: Any, login: dict[str
         assert res.returncode == 0, res.stdout + res.stderr
         assert json.loads((dest / "state.json").read_text()) == {"step": 3, "sum": 10.0, "restart": "0"}
         assert _logins(login) > before  # the commands went through the login node's sshd
+        assert [j.split()[1] for j in slurm_cluster.jobs() if j.endswith(" gtrain-hold-sl-login")] == ["RUNNING"]
     finally:
         res = cli("down", "sl-login")
     assert res.returncode == 0, res.stdout + res.stderr
     assert not (slurm_cluster.shared / "gtrain" / "sl-login").exists()  # removed through the login node
+    assert [j.split()[1] for j in slurm_cluster.jobs() if j.endswith(" gtrain-hold-sl-login")] == ["CANCELLED"]
 
 
 def test_exec_and_down_through_the_login_node(slurm_cluster: Any, login: dict[str, Any], tmp_path: Path) -> None:

@@ -28,3 +28,14 @@ def test_salloc_options_drop_the_batch_only_ones() -> None:
     lines = ["--job-name=gtrain-hold-x", "--nodes=2", "--output=/x/batch.log", "--open-mode=append", "--requeue",
              "--signal=B:USR1@120", "--exclusive", "--mem 0"]
     assert salloc_options(lines) == ["--job-name=gtrain-hold-x", "--nodes=2", "--exclusive", "--mem", "0"]
+
+
+def test_plan_says_up_holds_an_allocation(tmp_path: object) -> None:
+    from gtrain.providers.slurm.provider import SlurmProvider
+    from gtrain.spec import parse_spec
+    from gtrain.state import StateStore
+
+    spec = parse_spec({"name": "s", "provider": "slurm", "num_nodes": 2, "slurm": {"hold": True},
+                       "job": {"run": "train.py"}})
+    notes = SlurmProvider(StateStore(tmp_path)).plan(spec).notes  # type: ignore[arg-type]
+    assert any("holds an allocation of 2 node(s) (salloc --no-shell)" in n for n in notes), notes
