@@ -14,9 +14,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+if TYPE_CHECKING:
+    from tests.fixtures.slurm import SlurmCluster
 
 TRAIN = ('import torch.distributed as d\nd.init_process_group("gloo")\n'
          'print("first line rank", d.get_rank(), flush=True)\n')
@@ -33,12 +36,26 @@ srun --kill-on-bad-exit=1 {py} -m torch.distributed.run --nnodes=2 --nproc_per_n
 """
 
 
-def wait_line(path: Path, needle: str, t0: float, timeout: float = 120) -> float:
+def wait_line(root: Path, pattern: str, needle: str, t0: float, timeout: float = 300) -> float:
+    """Seconds from t0 until a file ``root/pattern`` (a glob) holds ``needle``. torchrun's c10d rendezvous
+    numbers the nodes in arrival order: global rank 0 may be on either node, so every rank's log is read."""
     while time.monotonic() - t0 < timeout:
-        if path.exists() and needle in path.read_text(errors="replace"):
-            return time.monotonic() - t0
+        for p in root.glob(pattern):
+            if needle in p.read_text(errors="replace"):
+                return time.monotonic() - t0
         time.sleep(0.02)
-    raise RuntimeError(f"no {needle!r} in {path} within {timeout}s")
+    raise RuntimeError(f"no {needle!r} in {root}/{pattern} within {timeout}s")
+
+
+def wait_ended(c: SlurmCluster, sid: str, timeout: float = 300) -> None:
+    """Until Slurm says job ``sid`` ended (the nodes are exclusive: the next job would queue behind it)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        st = c.run("squeue", "-h", "--states=all", "-j", sid, "-o", "%T", check=False).stdout.strip()
+        if st and st not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"slurm job {sid} did not end within {timeout}s")
 
 
 def main() -> int:
@@ -71,15 +88,16 @@ def main() -> int:
             script = tmp / f"hand-{i}.sh"
             script.write_text(HAND.format(out=out, py=sys.executable, train=work / "train.py"))
             t0 = time.monotonic()
-            subprocess.run(["sbatch", "--parsable", str(script)], env=c.env, check=True, capture_output=True)
-            hand.append(wait_line(out, "first line rank", t0))
+            sid = subprocess.run(["sbatch", "--parsable", str(script)], env=c.env, check=True, capture_output=True,
+                                 text=True).stdout.strip()
+            hand.append(wait_line(tmp, out.name, "first line rank", t0))
+            wait_ended(c, sid)
             t0 = time.monotonic()
             job = gtrain.launch(spec).job_id
-            log = c.shared / "gtrain" / "bench-slurm" / "jobs" / job / "node-0" / "logs" / "rank-0.log"
-            ours.append(wait_line(log, "first line rank", t0))
+            jobs = c.shared / "gtrain" / "bench-slurm" / "jobs" / job
+            ours.append(wait_line(jobs, "node-*/logs/rank-*.log", "first line rank", t0))
             gtrain.wait("bench-slurm", job_id=job)
-            while any(" RUNNING " in j or " COMPLETING " in j for j in c.jobs()):
-                time.sleep(0.1)
+            print(f"run {i + 1}: sbatch by hand {hand[-1]:.2f}s, gtrain launch {ours[-1]:.2f}s", flush=True)
         gtrain.down("bench-slurm")
     h, o = statistics.median(hand), statistics.median(ours)
     res = {"hand_s": hand, "gtrain_s": ours, "hand_median_s": round(h, 3), "gtrain_median_s": round(o, 3),

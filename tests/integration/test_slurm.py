@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,18 +79,31 @@ def test_failing_rank_exit_code_is_the_jobs(slurm_cluster: Any, tmp_path: Path) 
 
 
 def test_down_cancels_a_running_job(slurm_cluster: Any, tmp_path: Path) -> None:
-    spec = slurm_spec(slurm_cluster, tmp_path, "sl-down", "slurm_train.py --steps 200 --step-s 0.5")
+    down_cancels_running(slurm_cluster, slurm_spec(slurm_cluster, tmp_path, "sl-down",
+                                                   "slurm_train.py --steps 200 --step-s 0.5"))
+
+
+def wait_ranks(job_id: str, n: int = 4, timeout: float = 90) -> None:
+    """Until ``n`` processes of the job run (its ranks, at least)."""
+    deadline = time.monotonic() + timeout
+    while len(processes(job_id)) < n:
+        assert time.monotonic() < deadline, f"{job_id}: {len(processes(job_id))} process(es)"
+        time.sleep(0.3)
+
+
+def down_cancels_running(c: Any, spec: dict[str, Any], meanwhile: Callable[[str], None] | None = None) -> None:
+    """up, launch, wait for the ranks (then ``meanwhile(job_id)``), `gtrain down`: no process of the job is
+    left and Slurm says CANCELLED."""
     gtrain.up(parse_spec(spec))
     job_id = gtrain.launch(parse_spec(spec)).job_id
-    deadline = time.monotonic() + 60
-    while len(processes(job_id)) < 4:
-        assert time.monotonic() < deadline, gtrain.status("sl-down")
-        time.sleep(0.3)
+    wait_ranks(job_id)
+    if meanwhile is not None:
+        meanwhile(job_id)
     sid = _slurm_id(job_id)
-    res = cli("down", "sl-down")
+    res = cli("down", spec["name"])
     assert res.returncode == 0, res.stdout + res.stderr
     assert processes(job_id) == []
-    assert [j for j in slurm_cluster.jobs() if j.startswith(f"{sid} ")] == [f"{sid} CANCELLED {job_id}"]
+    assert [j for j in c.jobs() if j.startswith(f"{sid} ")] == [f"{sid} CANCELLED {job_id}"]
 
 
 def _slurm_id(job_id: str) -> str:

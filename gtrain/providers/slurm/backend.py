@@ -32,6 +32,7 @@ from gtrain.jobs.backend import (
     RankStatus,
 )
 from gtrain.jobs.render import NodeContext
+from gtrain.providers.slurm.states import SLURM_STATES, STATE_EXIT, STATE_REASON, render
 
 if TYPE_CHECKING:
     from gtrain.providers.slurm.commands import SqueueRow
@@ -39,42 +40,9 @@ if TYPE_CHECKING:
     from gtrain.state import Cluster
     from gtrain.state import Job as JobRecord
 
-#: Slurm's job states -> gtrain's (squeue %T / sacct State words)
-SLURM_STATES: dict[str, JobState] = {
-    "PENDING": JobState.PENDING, "CONFIGURING": JobState.PENDING, "REQUEUED": JobState.PENDING,
-    "REQUEUE_HOLD": JobState.PENDING, "REQUEUE_FED": JobState.PENDING, "RESV_DEL_HOLD": JobState.PENDING,
-    "SUSPENDED": JobState.PENDING,
-    "RUNNING": JobState.RUNNING, "COMPLETING": JobState.RUNNING, "STAGE_OUT": JobState.RUNNING,
-    "SIGNALING": JobState.RUNNING, "RESIZING": JobState.RUNNING, "STOPPED": JobState.RUNNING,
-    "COMPLETED": JobState.SUCCEEDED,
-    "FAILED": JobState.FAILED, "BOOT_FAIL": JobState.FAILED, "DEADLINE": JobState.FAILED,
-    "NODE_FAIL": JobState.FAILED, "OUT_OF_MEMORY": JobState.FAILED, "TIMEOUT": JobState.FAILED,
-    "SPECIAL_EXIT": JobState.FAILED,
-    "CANCELLED": JobState.CANCELLED, "REVOKED": JobState.CANCELLED,
-    "PREEMPTED": JobState.PREEMPTED,
-}
-#: the job's exit code for the terminal states whose ranks' own codes do not tell the story
-STATE_EXIT: dict[str, int] = {"TIMEOUT": 124, "CANCELLED": 130, "REVOKED": 130, "OUT_OF_MEMORY": 137,
-                              "NODE_FAIL": 255, "BOOT_FAIL": 255, "DEADLINE": 124}
-#: what a terminal Slurm state means, in words (the job's reason)
-STATE_REASON: dict[str, str] = {
-    "TIMEOUT": "TIMEOUT: the job reached its time limit (slurm.time)",
-    "NODE_FAIL": "NODE_FAIL: a node of the allocation failed",
-    "OUT_OF_MEMORY": "OUT_OF_MEMORY: a step ran out of memory",
-    "PREEMPTED": "PREEMPTED: the scheduler preempted the job",
-    "CANCELLED": "CANCELLED: scancel",
-    "BOOT_FAIL": "BOOT_FAIL: a node failed to boot",
-    "DEADLINE": "DEADLINE: the job missed its deadline",
-}
 _TOKEN_NAMES = ("HEAD", "PORT", "SELF", "IPS")
 _RUNTIME = {"HEAD": "GTRAIN_HEAD_ADDR", "PORT": "GTRAIN_RDZV_PORT", "SELF": "GTRAIN_SELF_ADDR",
             "IPS": "GTRAIN_NODE_IPS_RT"}
-
-
-def _render(template: str, values: dict[str, Any]) -> str:
-    from gtrain.jobs.templating import _env
-
-    return str(_env().get_template(template).render(**values))
 
 
 def render_job(request: JobRequest, root: str, python: str, sbatch: list[str]) -> dict[int, dict[str, str]]:
@@ -89,8 +57,8 @@ def render_job(request: JobRequest, root: str, python: str, sbatch: list[str]) -
     tokens = {k: f"GTRAINRT{salt}{k}" for k in _TOKEN_NAMES}
     common = {"job_id": request.job_id, "cluster": request.cluster.name, "num_nodes": n, "job_root": job_root}
     files: dict[int, dict[str, str]] = {0: {
-        "batch.sh": _render("slurm/batch.sh.j2", {**common, "sbatch": sbatch}),
-        "node.sh": _render("slurm/node.sh.j2", common),
+        "batch.sh": render("slurm/batch.sh.j2", {**common, "sbatch": sbatch}),
+        "node.sh": render("slurm/node.sh.j2", common),
     }}
     from gtrain.jobs.nodescript import launcher_of
     from gtrain.jobs.render import render_all
@@ -168,26 +136,55 @@ class SlurmBackend(JobBackend):
         for node_files in plan.files.values():
             for name, text in node_files.items():
                 runner.write_file(f"{jroot}/{name}", text.encode(), 0o700)
+        alloc = self.alloc
         try:
-            sid = self.slurm.sbatch(f"{jroot}/batch.sh", secret_stdin(job) or None)
+            if alloc:
+                sid = self._start_step(plan, runner, alloc, secret_stdin(job))
+            else:
+                sid = self.slurm.sbatch(f"{jroot}/batch.sh", secret_stdin(job) or None)
         except GtrainError:
             runner.run(f"rm -rf {shlex.quote(jroot)}", check=False)  # nothing submitted: nothing left
             raise
         store = self.provider.store
         store.update_job(plan.job_id, status=JobState.PENDING.value,
-                         info={**store.get_job(plan.job_id).info, "slurm_job_id": sid})
-        rep.info(f"job {plan.job_id} submitted as Slurm job {sid}")
+                         info={**store.get_job(plan.job_id).info, "slurm_job_id": sid,
+                               **({"slurm_hold": True} if alloc else {})})
+        rep.info(f"job {plan.job_id} started as a step of the held Slurm allocation {sid}" if alloc
+                 else f"job {plan.job_id} submitted as Slurm job {sid}")
         return plan.job_id
+
+    @property
+    def alloc(self) -> str | None:
+        """The allocation `up` holds (slurm.hold), else None: each launch is its own sbatch job."""
+        got = self.cluster.extra.get("slurm", {}).get("alloc_id")
+        return str(got) if got else None
+
+    def _start_step(self, plan: JobPlan, runner: Any, alloc: str, secrets: bytes) -> str:
+        from gtrain.providers.slurm import hold
+
+        hold.check_alive(self.slurm, alloc)
+        gpus = plan.request.spec.resources.gpus_per_node if plan.request.spec.resources.accelerators else 0
+        jroot = self.job_root(plan.job_id)
+        runner.write_file(f"{jroot}/step.sh", hold.step_script(plan.job_id, jroot, alloc, gpus).encode(), 0o700)
+        runner.start_detached(self.slurm.shell_line(["exec", "bash", f"{jroot}/step.sh"])
+                              + f" >>{shlex.quote(jroot)}/step.log 2>&1", stdin=secrets)
+        return alloc
 
     # ---- state -----------------------------------------------------------------------------------
 
-    def _row(self, job: JobRecord, max_age: float | None = None) -> tuple[str | None, str]:
+    def _row(self, job: JobRecord, max_age: float | None = None,
+             step: dict[str, Any] | None = None) -> tuple[str | None, str]:
         """(Slurm state word, pending reason) of the job: ONE squeue call, or the provider's copy of one made
-        less than ``max_age`` seconds ago; sacct when slurmctld has forgotten the job."""
+        less than ``max_age`` seconds ago; sacct when slurmctld has forgotten the job. A step of a held
+        allocation: the allocation's row and the step wrapper's files (``step``, from the same read)."""
         sid = job.info.get("slurm_job_id")
         if not sid:
             return None, "never submitted"
         row: SqueueRow | None = self.provider.squeue_row(self.cluster, str(sid), max_age)
+        if job.info.get("slurm_hold"):
+            from gtrain.providers.slurm.hold import step_word
+
+            return step_word(row.state if row else None, row.reason if row else "", step or {})
         if row is not None:
             return row.state, row.reason
         acct = self.slurm.sacct([str(sid)]) or {}
@@ -201,8 +198,8 @@ class SlurmBackend(JobBackend):
     def describe(self, job: JobRecord, nodes: list[int] | None = None) -> JobDescription:
         from gtrain.jobs.status import job_exit_code
 
-        word, reason = self._row(job, max_age=0)
         snap = self._files(job)
+        word, reason = self._row(job, max_age=0, step=snap.get("step"))
         statuses = [self._node(k, word, snap["nodes"].get(str(k), {})) for k in range(self.num_nodes)]
         if word is None:  # forgotten by slurmctld, no accounting: the nodes' own files are all we have
             from gtrain.jobs.status import aggregate
@@ -247,10 +244,16 @@ class SlurmBackend(JobBackend):
         sid = job.info.get("slurm_job_id")
         if not sid:
             return
-        self.slurm.scancel([str(sid)])
+        if job.info.get("slurm_hold"):  # the job's step only: the allocation stays held
+            from gtrain.providers.slurm.hold import cancel_step
+
+            cancel_step(self.provider, self.cluster, self.slurm, str(sid), job.id, self.job_root(job.id))
+        else:
+            self.slurm.scancel([str(sid)])
         deadline = time.monotonic() + grace_s + 60
         while time.monotonic() < deadline:
-            word, _ = self._row(job, max_age=0)
+            step = self._files(job).get("step") if job.info.get("slurm_hold") else None
+            word, _ = self._row(job, max_age=0, step=step)
             if word is None or SLURM_STATES.get(word, JobState.UNKNOWN).terminal:
                 return
             time.sleep(0.2)
@@ -264,14 +267,16 @@ class SlurmBackend(JobBackend):
         seen = 0
         said = ""
         first = True
+        step = self._files(job).get("step") if follow and job.info.get("slurm_hold") else None
         while True:
-            word, reason = self._row(job, max_age=1.0) if follow else (None, "")
+            word, reason = self._row(job, max_age=1.0, step=step) if follow else (None, "")
             state = SLURM_STATES.get(word or "", JobState.UNKNOWN)
             done = not follow or state.terminal or word is None
             got = self.provider.login_call(self.cluster, "read", ndir, json.dumps(offsets),
                                            str(-1 if tail is None or not first else tail), "1" if done else "0")
             first = False
             offsets = dict(got["offsets"])
+            step = got.get("step")
             for tag, text in got["lines"]:
                 r = int(tag) if tag.isdigit() else None
                 seen += 1

@@ -73,14 +73,14 @@ class Slurm:
         #: every Slurm command run, by name (``gtrain status`` must make one squeue call: tests read this)
         self.calls: dict[str, int] = {}
 
-    def _cmd(self, argv: list[str]) -> str:
+    def shell_line(self, argv: list[str]) -> str:
         pre = f"export SLURM_CONF={shlex.quote(self.conf)}; " if self.conf else ""
         return pre + " ".join(shlex.quote(a) for a in argv)
 
     def run(self, argv: list[str], *, stdin: bytes | None = None, check: bool = True, submitting: bool = False,
             timeout: float = 60) -> CommandResult:
         self.calls[argv[0]] = self.calls.get(argv[0], 0) + 1
-        res = self.runner.run(self._cmd(argv), stdin=stdin, timeout=timeout, check=False)
+        res = self.runner.run(self.shell_line(argv), stdin=stdin, timeout=timeout, check=False)
         if check and res.rc != 0:
             raise translate(res.stderr or res.stdout, " ".join(argv[:2]), submitting=submitting)
         return res
@@ -109,7 +109,7 @@ class Slurm:
         sbatch's environment (passed to the job by --export=ALL), never written to a file by gtrain."""
         self.calls["sbatch"] = self.calls.get("sbatch", 0) + 1
         read = "while IFS= read -r -d '' __kv; do export \"$__kv\"; done; unset __kv; " if env_stdin else ""
-        cmd = read + self._cmd(["sbatch", "--parsable", script_path])
+        cmd = read + self.shell_line(["sbatch", "--parsable", script_path])
         res = self.runner.run(cmd, stdin=env_stdin, timeout=120, check=False)
         if res.rc != 0:
             raise translate(res.stderr or res.stdout, "sbatch", submitting=True)

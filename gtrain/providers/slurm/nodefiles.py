@@ -1,6 +1,7 @@
 """Reading a Slurm job's files on the login side, stdlib only (sent as source to a login node's python3;
-called in-process when the login side is this machine). Never asks whether a pid is alive: the login
-node cannot see the compute nodes' processes -- Slurm says what runs.
+called in-process when the login side is this machine). Never asks whether a compute node's pid is alive:
+the login node cannot see them -- Slurm says what runs. The one process it checks is the login side's own:
+the wrapper that drives a step of a held allocation (``slurm.hold``) holds a flock on ``JOB/step.lock``.
 
 Layout (``JOB`` = ``<shared_dir>/gtrain/<cluster>/jobs/<job id>``)::
 
@@ -10,6 +11,10 @@ Layout (``JOB`` = ``<shared_dir>/gtrain/<cluster>/jobs/<job id>``)::
     JOB/node-K/state.json node.log        node K's own state and its launcher's output (no other node writes them)
     JOB/node-K/logs/rank-R.log .exit      each global rank's output and "rc time"
     JOB/node-K/run-N/                     state and exit files of an earlier run (before a requeue)
+    JOB/step.sh step.pid step.lock        slurm.hold: the login-side wrapper of the step, its pid, its flock,
+    JOB/step.exit                         "rc time" of the step,
+    JOB/step.log                          and its own output (batch.sh's goes to batch.log as ever)
+    JOB/cancelled                         slurm.hold: written by cancel before the step is scancelled
 """
 
 from __future__ import annotations
@@ -51,10 +56,41 @@ def node_files(node_dir: str) -> dict[str, object]:
     return {"exists": os.path.isdir(node_dir), "state": state, "ranks": ranks}
 
 
+def _held(path: str) -> bool:
+    """Whether a live process holds the flock on ``path`` (the step wrapper and its children do)."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def step_info(job_root: str) -> dict[str, object]:
+    """The login-side step wrapper of a held allocation's job: started, alive, its "rc time", cancelled."""
+    pid = (_read(os.path.join(job_root, "step.pid")) or "").strip()
+    txt = (_read(os.path.join(job_root, "step.exit")) or "").split()
+    done: list[float] | None = None
+    try:
+        done = [int(txt[0]), float(txt[1]) if len(txt) > 1 else 0.0] if txt else None
+    except ValueError:
+        done = None
+    unknown = os.path.exists(os.path.join(job_root, "step.nolock"))  # no flock(1) there: trust the wrapper
+    return {"started": pid.isdigit(), "alive": unknown or _held(os.path.join(job_root, "step.lock")), "exit": done,
+            "cancelled": os.path.exists(os.path.join(job_root, "cancelled"))}
+
+
 def snapshot(job_root: str, num_nodes: str) -> dict[str, object]:
     """Every node's state and rank exits, in one call."""
     return {"nodes": {str(k): node_files(os.path.join(job_root, f"node-{k}")) for k in range(int(num_nodes))},
-            "preempt": os.path.exists(os.path.join(job_root, "preempt"))}
+            "preempt": os.path.exists(os.path.join(job_root, "preempt")), "step": step_info(job_root)}
 
 
 def _tail_offset(path: str, lines: int) -> int:
@@ -108,7 +144,7 @@ def read(node_dir: str, offsets_json: str = "{}", tail: str = "-1", final: str =
             parts.pop()
         for ln in parts:
             lines.append([tag, ln.decode("utf-8", errors="replace").rstrip("\r")])
-    return {"lines": lines, "offsets": offsets}
+    return {"lines": lines, "offsets": offsets, "step": step_info(os.path.dirname(node_dir.rstrip("/")))}
 
 
 FUNCS = {"snapshot": snapshot, "read": read}

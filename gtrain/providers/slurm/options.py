@@ -49,6 +49,9 @@ class SlurmOptions(BaseModel):
     keep_files: bool = Field(False, description="`down` leaves <shared_dir>/gtrain/<cluster> (workdir, job "
                                                 "folders, logs) in place")
     rate_per_gpu_hour: float = Field(0.0, ge=0, description="$ per GPU-hour, for the cost report")
+    hold: bool = Field(False, description="`up` takes an allocation of num_nodes (salloc --no-shell) and holds it "
+                                          "until `down`; each launch runs as a step in it (the held time is "
+                                          "charged)")
 
     @field_validator("time")
     @classmethod

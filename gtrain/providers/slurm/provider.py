@@ -146,7 +146,9 @@ class SlurmProvider(Provider):
             provider="slurm", num_nodes=spec.num_nodes, instance_type=f"slurm:{opts.partition or 'default'}",
             market="slurm", region=opts.login or "this machine", gpu_name=spec.resources.gpu_name,
             gpus_per_node=gpus, price_per_hour=opts.rate_per_gpu_hour * gpus, max_hours=spec.policies.max_hours,
-            notes=["allocates nothing at `up`: each launch is one sbatch job",
+            notes=[f"`up` takes and holds an allocation of {spec.num_nodes} node(s) (salloc --no-shell) until "
+                   "`down`: each launch is a step in it, the held time is charged" if opts.hold else
+                   "allocates nothing at `up`: each launch is one sbatch job",
                    "a job would ask: " + " ".join(lines),
                    f"charged {opts.rate_per_gpu_hour}/GPU-hour of job time (slurm.rate_per_gpu_hour)"],
         )
@@ -181,6 +183,10 @@ class SlurmProvider(Provider):
         extra = {**cluster.extra, "slurm": {"root": root, "login": opts.login, "conf": opts.conf,
                                             "python": opts.python, "login_identity_file": opts.login_identity_file,
                                             "partition": opts.partition, "keep_files": bool(raw.get("keep_files"))}}
+        if opts.hold:
+            from gtrain.providers.slurm.hold import take_allocation
+
+            extra["slurm"]["alloc_id"] = take_allocation(self, spec, opts, cluster, slurm, root)
         self.store.update_cluster(cluster.id, extra=extra)
         cluster.extra = extra
         for k in range(spec.num_nodes):
@@ -241,9 +247,10 @@ class SlurmProvider(Provider):
             return
         slurm = self.slurm(cluster)
         ids = {str(j.info["slurm_job_id"]) for j in self.store.jobs(cluster.id) if j.info.get("slurm_job_id")}
+        ids |= {str(info["alloc_id"])} if info.get("alloc_id") else set()  # slurm.hold: released here
         live = set(slurm.jobs_with_comment(f"gtrain:{cluster.id}"))
         rows = slurm.squeue(sorted(ids)) or {}
-        from gtrain.providers.slurm.backend import SLURM_STATES
+        from gtrain.providers.slurm.states import SLURM_STATES
 
         live |= {s for s, r in rows.items() if not SLURM_STATES.get(r.state, SLURM_STATES["RUNNING"]).terminal}
         if live:
@@ -261,10 +268,25 @@ class SlurmProvider(Provider):
             self.store.mark_resource(res.id, "deleted")
 
     def runners(self, cluster: Cluster) -> list[Runner]:
-        """One runner per node slot, each on the login side (the nodes share ``shared_dir``): pull, exec."""
+        """One runner per node slot, each on the login side (the nodes share ``shared_dir``) for files (pull);
+        commands (exec) run on node K of the running job or held allocation (``srun --overlap``), else on
+        the login side."""
+        from gtrain.providers.slurm.runners import AllocationRunner, ExecTarget
+
         info = self._login(cluster)
-        return [self._runner_for(info, info["root"], f"node {n.rank} (login side)")
-                for n in self.store.nodes(cluster.id)]
+        target = ExecTarget(self, cluster)
+        return [AllocationRunner(self._runner_for(info, info["root"], f"node {n.rank} (login side)"), target,
+                                 n.rank) for n in self.store.nodes(cluster.id)]
+
+    def running_slurm_job(self, cluster: Cluster, max_age: float | None = None) -> str | None:
+        """The Slurm job whose nodes commands go to: the held allocation, else the newest job while RUNNING."""
+        info = self._login(cluster)
+        job = self.store.latest_job(cluster.id)
+        sid = info.get("alloc_id") or (job.info.get("slurm_job_id") if job else None)
+        if not sid:
+            return None
+        row = self.squeue_row(cluster, str(sid), max_age)
+        return str(sid) if row is not None and row.state == "RUNNING" else None
 
     def node_records(self, cluster: Cluster) -> list[NodeRecord]:
         return self.store.node_records(cluster.id)
@@ -277,8 +299,7 @@ class SlurmProvider(Provider):
     def interactive_argv(self, cluster: Cluster, node: NodeRecord) -> tuple[list[str], str | None]:
         """A shell on node ``node.rank`` of the running job (``srun --overlap --pty``), else on the login side."""
         info = self._login(cluster)
-        job = self.store.latest_job(cluster.id)
-        sid = job.info.get("slurm_job_id") if job and job.status in ("running", "pending") else None
+        sid = self.running_slurm_job(cluster)
         inner = (["srun", f"--jobid={sid}", "--overlap", "--pty", "-N1", "-n1", f"--relative={node.rank}", "bash", "-l"]
                  if sid else ["bash", "-l"])
         if info.get("conf"):
