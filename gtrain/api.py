@@ -64,7 +64,7 @@ def up(spec: Any, *, name: str | None = None, dry_run: bool = False, keep_failed
 
 
 def launch(spec: Any = None, *, cluster: str | None = None, name: str | None = None, force: bool = False,
-           dry_run: bool = False, report: Reporter | None = None) -> LaunchResult:
+           dry_run: bool = False, replace_bad: bool = False, report: Reporter | None = None) -> LaunchResult:
     from gtrain.errors import ConfigError
     from gtrain.jobs import launch as jobs
 
@@ -83,7 +83,7 @@ def launch(spec: Any = None, *, cluster: str | None = None, name: str | None = N
                 f"num_nodes: the spec asks for {parsed.num_nodes} {parsed.provider} node(s), cluster {c.name!r} has "
                 f"{c.num_nodes} {c.provider} node(s)", field="num_nodes",
                 hint="`gtrain up --recreate` to reshape it, or launch with the spec it was made from")
-        return jobs.launch(c, parsed, ctx, force=force, dry_run=dry_run)
+        return jobs.launch(c, parsed, ctx, force=force, dry_run=dry_run, replace_bad=replace_bad)
     finally:
         ctx.store.close()
 
@@ -252,7 +252,7 @@ class RunResult:
 
 def run(spec: Any, *, name: str | None = None, keep: bool = False, to: str | os.PathLike[str] | None = None,
         on_line: Callable[[LogLine], None] | None = None, report: Reporter | None = None,
-        html_report: bool = False) -> RunResult:
+        html_report: bool = False, replace_bad: bool = False) -> RunResult:
     """up + launch + wait + pull + down. The cluster is torn down whatever happens (unless ``keep``),
     Ctrl+C included, so nothing is left running that nobody watches."""
     from gtrain.errors import GtrainError
@@ -260,12 +260,18 @@ def run(spec: Any, *, name: str | None = None, keep: bool = False, to: str | os.
 
     parsed = _spec(spec, name)
     check_job(parsed)  # bad workdir / script / secrets: exit 2 before anything is created
+    if replace_bad:
+        from gtrain.providers import provider_class
+        from gtrain.providers.base import cannot_replace
+
+        if not provider_class(parsed.provider).can_replace_nodes:
+            raise cannot_replace(parsed.provider)
     res = RunResult(parsed.name)
     rep = report or SILENT
     created = False
     try:
         created = up(parsed, report=rep).created
-        launched = launch(parsed, report=rep)
+        launched = launch(parsed, replace_bad=replace_bad, report=rep)
         res.job_id = launched.job_id
         final = wait(parsed.name, job_id=launched.job_id, on_line=on_line, report=rep)
         res.exit_code, res.status = final.exit_code, final.status

@@ -7,6 +7,9 @@ import typer
 from gtrain.cli import output as out
 from gtrain.cli.params import CLUSTER, JOB, JSON, NAME, SPEC, YES_PAID, confirm_price, non_negative
 
+REPLACE_BAD = typer.Option(False, "--replace-bad", help="Preflight (policies.preflight, else quick): replace a "
+                           "failed cloud node by a new one and check again, once.")
+
 
 def register(app: typer.Typer) -> None:
     app.command("launch")(launch)
@@ -26,6 +29,7 @@ def launch(
     wait: bool = typer.Option(False, "--wait", "-w", help="Follow the logs; exit with the job's own exit code."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the rendered launch script; start nothing."),
     force: bool = typer.Option(False, "--force", help="Cancel a job still running on the cluster first."),
+    replace_bad: bool = REPLACE_BAD,
     json_: bool = JSON,
 ) -> None:
     """Sync the workdir, run setup, start torchrun on every node (detached); print the job id."""
@@ -33,7 +37,7 @@ def launch(
     import gtrain.api as api
 
     rep = out.CLIReporter()
-    res = api.launch(spec, cluster=cluster, force=force, dry_run=dry_run, report=rep)
+    res = api.launch(spec, cluster=cluster, force=force, dry_run=dry_run, replace_bad=replace_bad, report=rep)
     if dry_run:
         if json_:
             out.emit_json({"cluster": res.cluster, "scripts": {str(k): v for k, v in res.scripts.items()}})
@@ -117,6 +121,7 @@ def run(
     to: str = typer.Option(None, "--to", metavar="DIR",
                            help="Where to pull checkpoints (default: ./<cluster>-<checkpoint_dir>)."),
     yes: bool = YES_PAID,
+    replace_bad: bool = REPLACE_BAD,
     json_: bool = JSON,
 ) -> None:
     """up + launch --wait + pull + down, in one command; exits with the job's own exit code."""
@@ -129,7 +134,7 @@ def run(
     confirm_price(parsed, yes, rep)
     try:
         res = api.run(parsed, keep=keep, to=to, on_line=None if json_ else out.LinePrinter(), report=rep,
-                      html_report=not no_report)
+                      html_report=not no_report, replace_bad=replace_bad)
     except KeyboardInterrupt as e:  # torn down already (api.run): say what it cost, then exit 128+N
         done = getattr(e, "run_result", None)
         if done is not None and done.down is not None:

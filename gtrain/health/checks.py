@@ -224,18 +224,34 @@ def sdc_checks(good: list[dict[str, Any]], probes: dict[int, dict[str, Any]]) ->
     return out
 
 
-def preflight(cluster: Cluster, spec: ClusterSpec, ctx: Context) -> HealthReport | None:
-    """``policies.preflight`` before a launch: None when off; raises :class:`HealthFailed` (exit 1, the failed
-    nodes named) when a check fails."""
+def preflight(cluster: Cluster, spec: ClusterSpec, ctx: Context, *, replace_bad: bool = False) -> HealthReport | None:
+    """``policies.preflight`` before a launch: None when off (``replace_bad`` runs it ``quick`` then); raises
+    :class:`HealthFailed` (exit 1, the failed nodes named) when a check fails. With ``replace_bad`` the failed
+    nodes are replaced once through the provider (``Provider.replace_nodes``) and every check runs again: a
+    second failure stops the launch."""
     mode = spec.policies.preflight
-    if mode == "off":
+    if mode == "off" and not replace_bad:
         return None
+    mode = "quick" if mode == "off" else mode
+    report = _preflight_once(cluster, spec, ctx, mode)
+    if report.failed() and replace_bad and report.failed_nodes():
+        bad = report.failed_nodes()
+        ctx.report.warn(f"preflight: replacing node(s) {', '.join(map(str, bad))} (--replace-bad): {report.summary()}")
+        ctx.provider(cluster.provider).replace_nodes(cluster, bad)
+        ctx.event(cluster, "preflight", node=bad, msg=f"replaced node(s) {', '.join(map(str, bad))}")
+        report = _preflight_once(cluster, spec, ctx, mode)
+    if report.failed():
+        again = " after replacing them once" if replace_bad and report.failed_nodes() else ""
+        raise HealthFailed(report, hint=f"see `gtrain health {cluster.name}`; fix or replace the named node(s)"
+                                        f"{again}, or set policies.preflight: off")
+    ctx.report.info(f"preflight ({mode}) passed in {report.seconds:.1f}s")
+    return report
+
+
+def _preflight_once(cluster: Cluster, spec: ClusterSpec, ctx: Context, mode: str) -> HealthReport:
     report = run_health(cluster, ctx, mode, spec)
     for c in report.checks:
         if c.verdict is Verdict.WARN:
             ctx.report.warn(f"preflight: {'cluster' if c.node is None else f'node {c.node}'} {c.name}: {c.reason}")
-    if report.failed():
-        raise HealthFailed(report, hint=f"see `gtrain health {cluster.name}`; fix or replace the named node(s), "
-                                        "or set policies.preflight: off")
-    ctx.report.info(f"preflight ({mode}) passed in {report.seconds:.1f}s")
+    ctx.event(cluster, "preflight", ok=not report.failed(), msg=report.summary())
     return report

@@ -52,7 +52,10 @@ def parse_csv(text: str) -> list[dict[str, str | None]]:
         for key, cell in zip(header, cells, strict=True):
             v = cell.strip()
             m = _VALUE_UNIT.match(v)
-            row[key] = None if v.lower() in _MISSING else (m.group(1) if m else v)
+            # every bracketed value is nvidia-smi's word for "no value": [N/A], [Not Supported], [Unknown Error],
+            # [GPU requires reset], [Requested functionality has been deprecated] (590 on H100), ...
+            missing = v.lower() in _MISSING or (v.startswith("[") and v.endswith("]"))
+            row[key] = None if missing else (m.group(1) if m else v)
         rows.append(row)
     return rows
 

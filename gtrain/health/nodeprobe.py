@@ -54,8 +54,16 @@ def gpu_query() -> dict[str, object]:
     devs = sorted(d for d in _listdir("/dev") if d.startswith("nvidia") and d[6:].isdigit())
     if smi is None:
         return {"present": False, "devices": devs}
-    rc, out, err = _run([smi, f"--query-gpu={','.join(HEALTH_FIELDS)}", "--format=csv"])
-    fields = "full"
+    asked = list(HEALTH_FIELDS)
+    rc, out, err = _run([smi, f"--query-gpu={','.join(asked)}", "--format=csv"])
+    dropped: list[str] = []
+    # an older driver refuses the whole query for one name it lacks (remapped_rows.* before R5xx, say), with
+    # `Field "remapped_rows.pending" is not a valid field to query.` on stdout and exit 2: drop that one, retry
+    while rc != 0 and (bad := _invalid_field(out + err)) in asked and len(asked) > len(BASIC_FIELDS):
+        asked.remove(bad)
+        dropped.append(bad)
+        rc, out, err = _run([smi, f"--query-gpu={','.join(asked)}", "--format=csv"])
+    fields = "full" if not dropped else "partial"
     if rc != 0 and "not a valid field" in (out + err):
         rc, out, err = _run([smi, f"--query-gpu={','.join(BASIC_FIELDS)}", "--format=csv"])
         fields = "basic"
@@ -67,7 +75,13 @@ def gpu_query() -> dict[str, object]:
             cuda = value.strip()
             break
     return {"present": True, "rc": rc, "csv": out, "stderr": err[-2000:], "fields": fields, "cuda": cuda,
-            "devices": devs}
+            "devices": devs, "dropped": dropped}
+
+
+def _invalid_field(text: str) -> str | None:
+    """The name in nvidia-smi's `Field "NAME" is not a valid field to query.`"""
+    head, sep, _ = text.partition('" is not a valid field')
+    return head.rpartition('Field "')[2] if sep else None
 
 
 def _listdir(path: str) -> list[str]:

@@ -47,13 +47,26 @@ class ProbeRun:
     error: str | None = None
 
 
-def probe_spec(spec: ClusterSpec, nproc: int, seconds: float, workdir: str) -> ClusterSpec:
+def fault_of(instances: dict[int, str | None]) -> str:
+    """``GTRAIN_HEALTH_FAULT`` (tests only) as the probe script takes it: ``node:K[:gpu:I]`` as it is;
+    ``instance:ID[:gpu:I]`` names the node by its provider id (rank -> id in ``instances``), so a node made
+    again under that rank (``--replace-bad``) computes right; "" when no node of the cluster has that id."""
+    fault = os.environ.get("GTRAIN_HEALTH_FAULT", "")
+    kind, _, rest = fault.partition(":")
+    if kind != "instance":
+        return fault
+    iid, sep, gpu = rest.partition(":gpu:")
+    node = next((rank for rank, have in instances.items() if have == iid), None)
+    return "" if node is None else f"node:{node}" + (f":gpu:{gpu}" if sep else "")
+
+
+def probe_spec(spec: ClusterSpec, nproc: int, seconds: float, workdir: str, fault: str = "") -> ClusterSpec:
     """The health job's spec: the user's cluster, env and python; our script; no setup, data or secrets."""
     from gtrain.spec import Job
 
     user = spec.job
     argv = [SCRIPT, "--seconds", str(seconds)]
-    if fault := os.environ.get("GTRAIN_HEALTH_FAULT"):
+    if fault:
         argv += ["--fault", fault]
     env = {**(user.env if user else {}), "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET",
            "OMP_NUM_THREADS": (user.env.get("OMP_NUM_THREADS", "1") if user else "1")}
@@ -71,7 +84,8 @@ def run_probe_job(cluster: Cluster, spec: ClusterSpec, ctx: Context, *, nproc: i
     with tempfile.TemporaryDirectory(prefix="gtrain-health-") as tmp:
         src = Path(__file__).with_name("probe_script.py").read_text(encoding="utf-8")
         (Path(tmp) / SCRIPT).write_text(src, encoding="utf-8")
-        hspec = probe_spec(spec, nproc, seconds, tmp)
+        fault = fault_of({n.rank: n.instance_id for n in ctx.nodes(cluster)})
+        hspec = probe_spec(spec, nproc, seconds, tmp, fault)
         job_id = f"{cluster.name}-health-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
         request = backend.reserve(JobRequest(cluster, hspec, job_id, tmp))
         plan = backend.dryrun(request)

@@ -70,8 +70,12 @@ class LaunchResult:
 
 
 def launch(cluster: Cluster, spec: ClusterSpec, ctx: Context, *, force: bool = False,
-           dry_run: bool = False) -> LaunchResult:
+           dry_run: bool = False, replace_bad: bool = False) -> LaunchResult:
     _job, local_workdir = check_job(spec)
+    if replace_bad and not ctx.provider(cluster.provider).can_replace_nodes:
+        from gtrain.providers.base import cannot_replace
+
+        raise cannot_replace(cluster.provider)
     backend = ctx.backend(cluster)
     if dry_run:
         plan = backend.dryrun(JobRequest(cluster, spec, DRY_RUN_ID, local_workdir))
@@ -91,7 +95,8 @@ def launch(cluster: Cluster, spec: ClusterSpec, ctx: Context, *, force: bool = F
             cancel_job(cluster, active, ctx)
         from gtrain.health.checks import preflight
 
-        preflight(cluster, spec, ctx)  # policies.preflight: a failed node stops the launch here (exit 1)
+        if preflight(cluster, spec, ctx, replace_bad=replace_bad) is not None:  # a failed node: exit 1 here
+            backend = ctx.backend(cluster)  # --replace-bad may have made new nodes: their runners, not the old
 
         request = backend.reserve(JobRequest(cluster, spec, new_job_id(cluster.name), local_workdir))
         plan = backend.dryrun(request)

@@ -13,6 +13,7 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from gtrain.errors import ConfigError
 from gtrain.events import SILENT, Reporter
 
 if TYPE_CHECKING:  # kept off the import path of `gtrain status` (pydantic, runners)
@@ -104,6 +105,8 @@ class Provider(ABC):
     confirms_cost: ClassVar[bool] = False
     #: `gtrain gc` can sweep this provider; the word for what ``--region`` names there ("region", "zone")
     gc_scope: ClassVar[str | None] = None
+    #: it can swap one node for a new machine of the same rank (``launch --replace-bad``): :meth:`replace_nodes`
+    can_replace_nodes: ClassVar[bool] = False
 
     def __init__(self, store: StateStore, report: Reporter = SILENT) -> None:
         self.store = store
@@ -166,9 +169,13 @@ class Provider(ABC):
            **options: str | None) -> GCResult:
         """Find (and with ``delete``, remove) what this provider's tags say gtrain made and no live cluster
         owns. Only providers with a ``gc_scope`` have anything to sweep."""
-        from gtrain.errors import ConfigError
-
         raise ConfigError(f"--provider {self.name}: gtrain gc has nothing to sweep there", field="--provider")
+
+    def replace_nodes(self, cluster: Cluster, ranks: list[int]) -> None:
+        """Replace the nodes of ``ranks`` by new machines of the same ranks (``launch --replace-bad`` after a
+        failed preflight): the old ones are deleted and their cost intervals end now, the new ones are billed
+        from their start. Only providers that rent their nodes can (``can_replace_nodes``)."""
+        raise cannot_replace(self.name)
 
     # ---- shared helpers ------------------------------------------------------------------------
 
@@ -178,3 +185,10 @@ class Provider(ABC):
         if seconds > 0 and self.billing_minimum_s:
             seconds = max(seconds, self.billing_minimum_s)
         return math.ceil(seconds) * interval.price_per_hour / 3600.0
+
+
+def cannot_replace(provider: str) -> ConfigError:
+    """The error of ``--replace-bad`` on a provider whose nodes are not its own to replace (exit 2)."""
+    return ConfigError(f"--replace-bad: cannot replace nodes on provider {provider}", field="--replace-bad",
+                       hint="only a provider that rents its nodes can make new ones; fix or swap the named node "
+                            "yourself, or launch without --replace-bad")

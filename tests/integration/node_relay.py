@@ -4,7 +4,8 @@ guest agent (cloud-init on EC2, the guest environment on GCE).
     python node_relay.py aws|gcp DIR INSTANCE
 
 ``DIR/hosts.json`` lists the sshd hosts (``{"hosts": [[addr, port], ...], "authorized_keys": path}``). The
-first time an instance is seen it is given the next free host (kept in ``DIR/map.json``), and the public key
+first time an instance is seen it is given the next free host (kept in ``DIR/map.json``; on AWS, when none is
+free, the hosts of terminated instances are given back: a replaced node's new instance gets one), and the public key
 the cloud would install is put in the hosts' authorized_keys: on AWS the instance's key pair (asked of EC2,
 i.e. moto), on GCP the instance's ``ssh-keys`` metadata (asked of the Compute Engine endpoint in
 CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE, i.e. the fake). Then bytes are relayed between stdin/stdout and that
@@ -21,6 +22,18 @@ import socket
 import sys
 import urllib.request
 from pathlib import Path
+from typing import Any
+
+
+def relay_hosts(ssh_hosts: Any, d: Path) -> list[Any]:
+    """Two sshd hosts of the session (tests/fixtures/sshd.py; the last two when there are four, the ssh tests
+    use the first), listed in ``d/hosts.json`` (``d`` is made) for the relay to hand to instances."""
+    hosts = [ssh_hosts[2], ssh_hosts[3]] if len(ssh_hosts) >= 4 else [ssh_hosts[0], ssh_hosts[1]]
+    d.mkdir()
+    auth = Path(hosts[0].identity_file).parent / "authorized_keys"
+    (d / "hosts.json").write_text(json.dumps({"hosts": [[h.address, h.port] for h in hosts],
+                                              "authorized_keys": str(auth)}))
+    return hosts
 
 
 def aws_public_keys(iid: str) -> list[str]:
@@ -30,6 +43,15 @@ def aws_public_keys(iid: str) -> list[str]:
     inst = ec2.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]
     kp = ec2.describe_key_pairs(KeyNames=[inst["KeyName"]], IncludePublicKey=True)["KeyPairs"][0]
     return [kp["PublicKey"].strip()]
+
+
+def aws_terminated(iids: list[str]) -> set[str]:
+    import boto3
+
+    ec2 = boto3.client("ec2")
+    out = ec2.describe_instances(InstanceIds=iids)["Reservations"]
+    return {i["InstanceId"] for r in out for i in r["Instances"] if i["State"]["Name"] in ("shutting-down",
+                                                                                           "terminated")}
 
 
 def gcp_public_keys(name: str) -> list[str]:
@@ -52,6 +74,11 @@ def assign(cloud: str, d: Path, iid: str) -> tuple[str, int]:
         if iid not in mapping:
             used = {tuple(v) for v in mapping.values()}
             free = [h for h in conf["hosts"] if tuple(h) not in used]
+            if not free and cloud == "aws":  # a terminated instance (a replaced node) gives its host back
+                gone = aws_terminated(list(mapping))
+                mapping = {k: v for k, v in mapping.items() if k not in gone}
+                used = {tuple(v) for v in mapping.values()}
+                free = [h for h in conf["hosts"] if tuple(h) not in used]
             if not free:
                 sys.exit(f"relay: no sshd host left for {iid}")
             ak = Path(conf["authorized_keys"])

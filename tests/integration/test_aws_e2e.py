@@ -15,6 +15,7 @@ import pytest
 import gtrain
 from gtrain.providers.aws import TAG_CLUSTER
 from gtrain.remote import ssh as sshmod
+from tests.integration.node_relay import relay_hosts
 
 JOBS = Path(__file__).parent / "jobs"
 RELAY = Path(__file__).parent / "node_relay.py"
@@ -24,12 +25,8 @@ RELAY = Path(__file__).parent / "node_relay.py"
 def test_two_node_torchrun_on_moto_nodes_over_proxy_command(moto_server: str, ssh_hosts, tmp_path: Path,  # type: ignore[no-untyped-def]
                                                             gtrain_home: Path) -> None:
     sshmod.close_all()
-    hosts = [ssh_hosts[2], ssh_hosts[3]] if len(ssh_hosts) >= 4 else [ssh_hosts[0], ssh_hosts[1]]
     relay_dir = tmp_path / "relay"
-    relay_dir.mkdir()
-    auth = Path(hosts[0].identity_file).parent / "authorized_keys"
-    (relay_dir / "hosts.json").write_text(json.dumps({"hosts": [[h.address, h.port] for h in hosts],
-                                                      "authorized_keys": str(auth)}))
+    hosts = relay_hosts(ssh_hosts, relay_dir)
     work = tmp_path / "work"
     work.mkdir()
     (work / "probe.py").write_text((JOBS / "probe.py").read_text())

@@ -31,6 +31,7 @@ from gtrain.providers.cloud.ssh_access import finish_down, resolve_ssh_cidr, ssh
 from gtrain.state import Cluster, CostInterval
 
 if TYPE_CHECKING:
+    from gtrain.nodes import NodeRecord
     from gtrain.spec import ClusterSpec
     from gtrain.state import StateStore
 
@@ -305,6 +306,11 @@ class AWSProvider(CloudProvider):
                                   cluster=cluster)
         finish_down(self.ledger, self.report, cluster, left, f"tagged {TAG_CLUSTER}={cluster.id}",
                     "gtrain gc --yes")
+
+    def terminate_node(self, cluster: Cluster, node: NodeRecord) -> None:
+        region = node.extra.get("region") or cluster.region or ""
+        if node.instance_id:
+            self.teardown.terminate_ids(cluster, region, [node.instance_id], api.profile_of(cluster))
 
     # ---- price ----
 

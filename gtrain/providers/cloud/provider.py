@@ -1,19 +1,25 @@
 """The capabilities every VM cloud shares: it rents by the hour (``up`` confirms the price), bills per second
 with a one-minute minimum, its nodes end themselves at the spec's time/cost limit, and they are reached over
-SSH with :func:`gtrain.remote.ssh.runner_from_node`. A cloud provider subclasses :class:`CloudProvider` once
-and composes its own parts (network, instances, teardown), each given the client, :class:`Ledger` and reporter
-it uses."""
+SSH with :func:`gtrain.remote.ssh.runner_from_node`, and a failed node can be replaced by a new machine
+(:meth:`CloudProvider.replace_nodes`: delete that one instance, then the idempotent ``provision`` makes only the
+missing rank). A cloud provider subclasses :class:`CloudProvider` once and composes its own parts (network,
+instances, teardown), each given the client, :class:`Ledger` and reporter it uses."""
 
 from __future__ import annotations
 
+import dataclasses
+import time
+from abc import abstractmethod
 from typing import TYPE_CHECKING, ClassVar
 
+from gtrain.errors import ConfigError
 from gtrain.events import SILENT, Reporter
 from gtrain.providers.base import Provider
 from gtrain.providers.cloud.ledger import Ledger
 from gtrain.providers.cloud.lifetime import ended_by_limit
 
 if TYPE_CHECKING:
+    from gtrain.nodes import NodeRecord
     from gtrain.remote.base import Runner
     from gtrain.state import Cluster, StateStore
 
@@ -22,6 +28,7 @@ class CloudProvider(Provider):
     billing_minimum_s: ClassVar[float] = 60.0
     nodes_enforce_limits: ClassVar[bool] = True
     confirms_cost: ClassVar[bool] = True
+    can_replace_nodes: ClassVar[bool] = True
 
     def __init__(self, store: StateStore, report: Reporter = SILENT, *, max_workers: int = 32) -> None:
         super().__init__(store, report)
@@ -35,3 +42,36 @@ class CloudProvider(Provider):
 
     def ended_at(self, cluster: Cluster) -> dict[int, float]:
         return ended_by_limit(self, cluster)
+
+    @abstractmethod
+    def terminate_node(self, cluster: Cluster, node: NodeRecord) -> None:
+        """Delete the one instance of ``node`` (by its recorded id) and wait until it is gone; mark it deleted
+        in the ledger. Idempotent: an instance already gone is no error."""
+
+    def replace_nodes(self, cluster: Cluster, ranks: list[int]) -> None:
+        from gtrain.spec import parse_spec
+
+        nodes = {n.rank: n for n in self.store.node_records(cluster.id)}
+        unknown = sorted(set(ranks) - set(nodes))
+        if unknown:
+            raise ConfigError(f"replace: cluster {cluster.name} has no node {unknown[0]}",
+                              hint=f"its nodes are 0..{cluster.num_nodes - 1}", field="ranks")
+        spec = parse_spec(cluster.spec, base_dir=cluster.extra.get("base_dir"))
+        plan = self.plan(spec)
+        for rank in sorted(set(ranks)):
+            node = nodes[rank]
+            self.report.node(rank, f"replacing {node.instance_id} (terminating it)")
+            self.terminate_node(cluster, node)
+            with self.ledger.lock:  # billed up to now; the new machine gets its own interval below
+                self.store.close_node_interval(cluster.id, rank, at=time.time())
+            self.ledger.put_node(cluster.id, dataclasses.replace(node, status="terminated"))
+        started = time.time()
+        self.provision(spec, cluster, plan)  # idempotent: makes only the rank(s) now missing
+        fresh = {n.rank: n for n in self.store.node_records(cluster.id)}
+        with self.ledger.lock:
+            for rank in sorted(set(ranks)):
+                new = fresh[rank]
+                self.store.open_interval(cluster.id, rank, instance_type=plan.instance_type, market=plan.market,
+                                         price_per_hour=plan.price_per_hour,
+                                         started_at=new.launched_at if new.launched_at is not None else started)
+                self.report.node(rank, f"replaced: {nodes[rank].instance_id} -> {new.instance_id}")

@@ -37,6 +37,7 @@ from gtrain.providers.gcp.zones import REGION_ZONES, GCPZones, _attached
 
 if TYPE_CHECKING:
     from gtrain.catalog import Offer
+    from gtrain.nodes import NodeRecord
     from gtrain.spec import ClusterSpec
     from gtrain.state import Cluster, CostInterval, StateStore
 
@@ -283,6 +284,11 @@ class GCPProvider(CloudProvider):
         left = self.teardown.teardown(project, cluster.id, cluster=cluster, known=known)
         finish_down(self.ledger, self.report, cluster, left, f"of cluster {cluster.id}",
                     "gtrain gc --provider gcp --yes")
+
+    def terminate_node(self, cluster: Cluster, node: NodeRecord) -> None:
+        zone = node.zone or node.extra.get("zone") or ""
+        if node.instance_id and zone:
+            self.teardown.delete_instances(self.project(self._opts(cluster)), [(zone, node.instance_id)], cluster)
 
     # ---- price ----
 
