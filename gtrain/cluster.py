@@ -221,14 +221,24 @@ def _ended_on_their_own(cluster: Cluster, provider: Provider, ctx: Context) -> d
     return out
 
 
+def _recovery_note(cluster: Cluster, job: Any, ctx: Context) -> str | None:
+    """Who recovers a lost node of the job now (gtrain.checkpoints.recovery), only for a job that asked for
+    recovery or had one: the recovery module stays off `gtrain status`'s import path otherwise."""
+    info = job.info if job is not None else {}
+    asked = int((info.get("recovery_policy") or {}).get("max_restarts", 0) or 0) > 0
+    if not (asked or info.get("recoveries") or info.get("recovery_stopped")):
+        return None
+    from gtrain.checkpoints.recovery import status_note
+
+    return status_note(cluster, job, ctx)
+
+
 def status(ctx: Context, name: str | None = None, *, refresh: bool = True) -> list[dict[str, Any]]:
     """Clusters from state. With a name (and ``refresh``), the newest job's state is asked of the nodes."""
     if name is not None:
         clusters = [ctx.cluster(name)]
     else:
         clusters = ctx.store.list_clusters()
-    from gtrain.checkpoints.recovery import status_note
-
     out = []
     now = time.time()
     for c in clusters:
@@ -253,6 +263,6 @@ def status(ctx: Context, name: str | None = None, *, refresh: bool = True) -> li
             "jobs": [{"id": j.id, "status": j.status, "exit_code": j.exit_code, "created_at": j.created_at,
                       "ended_at": j.ended_at, "run": j.info.get("run"), "attempt": j.info.get("attempt", 1),
                       "recoveries": j.info.get("recoveries") or []} for j in jobs if j is not None],
-            "recovery": status_note(c, job, ctx) if name is not None and c.status == "up" else None,
+            "recovery": _recovery_note(c, job, ctx) if name is not None and c.status == "up" else None,
         })
     return out
