@@ -402,13 +402,19 @@ def _busy() -> str | None:
     """What keeps the node from being idle: a process of a gtrain job (GTRAIN_JOB_ID in its environment) or
     an interactive SSH login (an ``sshd: USER@pts/N`` process); None when there is neither."""
     me = os.getpid()
+    # the watcher of one cluster's node counts that cluster's jobs (GTRAIN_IDLE_CLUSTER, set by `up`): on a
+    # machine that holds more than one node (the ssh provider's shared hosts, tests), another cluster's job
+    # must not keep this node up, nor stop it from powering off
+    cluster = os.environ.get("GTRAIN_IDLE_CLUSTER")
+    mark = b"\0GTRAIN_CLUSTER=" + cluster.encode() + b"\0" if cluster else b"\0GTRAIN_JOB_ID="
     for d in os.listdir("/proc"):
         if not d.isdigit() or int(d) == me:
             continue
         try:
             with open(f"/proc/{d}/environ", "rb") as f:
-                if b"GTRAIN_JOB_ID=" in b"\0" + f.read():
-                    return f"job process {d}"
+                env = b"\0" + f.read()
+            if mark in (env + b"\0" if cluster else env) and b"\0GTRAIN_JOB_ID=" in env:
+                return f"job process {d}"
             with open(f"/proc/{d}/cmdline", "rb") as f:
                 cmd = f.read()
             if cmd.startswith(b"sshd: ") and b"@pts/" in cmd:

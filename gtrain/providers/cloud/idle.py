@@ -18,8 +18,9 @@ IDLE_PIDFILE = "~/.gtrain-idle-watch.pid"
 
 
 def start_idle_watch(runners: list[Runner], idle_minutes: float, command: list[str], report: Reporter,
-                     max_workers: int = 16) -> None:
-    """Start the watcher on every node (one per node: starting it again is a no-op)."""
+                     max_workers: int = 16, cluster: str | None = None) -> None:
+    """Start the watcher on every node (one per node: starting it again is a no-op). With ``cluster``, only that
+    cluster's job processes (``GTRAIN_CLUSTER`` in their environment) keep the node busy."""
     from gtrain.remote.base import nodeside_source
 
     idle_s = max(1, int(idle_minutes * 60))
@@ -28,7 +29,9 @@ def start_idle_watch(runners: list[Runner], idle_minutes: float, command: list[s
 
     def one(r: Runner) -> None:
         args = [r.python, "-", "idle_watch", str(idle_s), str(poll_s), IDLE_PIDFILE, *command]
-        r.start_detached(" ".join(map(shlex.quote, args)) + ' >>"$HOME/.gtrain-idle-watch.log" 2>&1', stdin=src)
+        env = f"GTRAIN_IDLE_CLUSTER={shlex.quote(cluster)} " if cluster else ""
+        r.start_detached(env + " ".join(map(shlex.quote, args)) + ' >>"$HOME/.gtrain-idle-watch.log" 2>&1',
+                         stdin=src)
 
     with ThreadPoolExecutor(min(max_workers, max(1, len(runners)))) as pool:
         for f in [pool.submit(one, r) for r in runners]:
@@ -47,4 +50,4 @@ def idle_watch(spec: ClusterSpec, opts: CloudOptions, runners: list[Runner], rep
         report.warn("policies.idle_minutes needs SSH to the nodes to start their idle watch, and "
                     f"{spec.provider}.wait_ssh is false: it is not enforced on this cluster")
         return
-    start_idle_watch(runners, minutes, opts.idle_command, report, max_workers)
+    start_idle_watch(runners, minutes, opts.idle_command, report, max_workers, cluster=spec.name)
