@@ -9,6 +9,10 @@ the cloud would install is put in the hosts' authorized_keys: on AWS the instanc
 i.e. moto), on GCP the instance's ``ssh-keys`` metadata (asked of the Compute Engine endpoint in
 CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE, i.e. the fake). Then bytes are relayed between stdin/stdout and that
 host's sshd.
+
+On AWS, a terminated instance is gone like a real one: a connection to it is refused, and its host is
+freed for the next new instance (the spot-interruption test re-provisions a node onto the host its
+interrupted instance had).
 """
 
 from __future__ import annotations
@@ -21,6 +25,16 @@ import socket
 import sys
 import urllib.request
 from pathlib import Path
+from typing import Any
+
+
+def setup(d: Path, hosts: list[Any]) -> Path:
+    """Make ``d`` a relay folder over the sshd ``hosts`` (tests/fixtures/sshd.py); returns it."""
+    d.mkdir(parents=True, exist_ok=True)
+    auth = Path(hosts[0].identity_file).parent / "authorized_keys"
+    (d / "hosts.json").write_text(json.dumps({"hosts": [[h.address, h.port] for h in hosts],
+                                              "authorized_keys": str(auth)}))
+    return d
 
 
 def aws_public_keys(iid: str) -> list[str]:
@@ -30,6 +44,22 @@ def aws_public_keys(iid: str) -> list[str]:
     inst = ec2.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]
     kp = ec2.describe_key_pairs(KeyNames=[inst["KeyName"]], IncludePublicKey=True)["KeyPairs"][0]
     return [kp["PublicKey"].strip()]
+
+
+def aws_gone(ids: list[str]) -> set[str]:
+    """Which of ``ids`` EC2 (moto) says are terminated, shutting down, or unknown."""
+    import boto3
+
+    if not ids:
+        return set()
+    alive: set[str] = set()
+    pages = boto3.client("ec2").get_paginator("describe_instances").paginate(
+        Filters=[{"Name": "instance-id", "Values": ids}])
+    for page in pages:
+        for res in page["Reservations"]:
+            alive |= {i["InstanceId"] for i in res["Instances"]
+                      if i["State"]["Name"] not in ("shutting-down", "terminated")}
+    return set(ids) - alive
 
 
 def gcp_public_keys(name: str) -> list[str]:
@@ -49,6 +79,15 @@ def assign(cloud: str, d: Path, iid: str) -> tuple[str, int]:
         fcntl.flock(lk, fcntl.LOCK_EX)
         mp = d / "map.json"
         mapping = json.loads(mp.read_text()) if mp.exists() else {}
+        if cloud == "aws":
+            gone = aws_gone([*mapping, iid])
+            if iid in gone:  # (each refusal is noted: a test can tell who tried to reach a machine that is gone)
+                with open(d / "refused.log", "a") as f:
+                    f.write(f"{iid}\n")
+                sys.exit(f"relay: {iid} is terminated")
+            if gone:  # their hosts are free again (a real terminated instance's address is released)
+                mapping = {k: v for k, v in mapping.items() if k not in gone}
+                mp.write_text(json.dumps(mapping))
         if iid not in mapping:
             used = {tuple(v) for v in mapping.values()}
             free = [h for h in conf["hosts"] if tuple(h) not in used]
