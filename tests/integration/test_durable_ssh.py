@@ -5,6 +5,7 @@ uninterrupted run, at most one checkpoint interval computed twice."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -49,8 +50,13 @@ def test_kill9_of_node1_on_ssh_hosts_recovers_on_that_host(moto_bridge: str, ssh
         pulled = gtrain.pull("dssh", job_id=job.job_id, to=tmp_path / "out")
         assert "final.pt" in pulled.transferred
         dn.check_resumed_same_weights(lines, tmp_path / "out" / "final.pt")
-        # same hosts, same job id, the last attempt's files kept aside on the killed node
+        # same hosts, same job id: the killed attempt's files are kept aside on that host
         st = gtrain.status("dssh")[0]
         assert [n["status"] for n in st["nodes"]] == ["running", "running"]
+        if hosts[1].own_home:
+            kept = subprocess.run(hosts[1].in_host("sh", "-c", f"cat ~/gtrain/dssh/jobs/{job.job_id}/attempt"
+                                                   f" ~/gtrain/dssh/jobs/{job.job_id}/attempt-1/state.json"),
+                                  capture_output=True, text=True)
+            assert kept.returncode == 0 and kept.stdout.startswith("2\n") and '"running"' in kept.stdout, kept
     finally:
         gtrain.down("dssh", yes=True)
