@@ -181,10 +181,12 @@ def resume(cluster: Cluster, job: JobRecord, ctx: Context) -> JobRecord:
         rec = dict(job.info.get("recovery") or {})
         if job.status != RECOVERING or not rec:
             return job
-        backend = ctx.backend(cluster)
         if rec["phase"] == "stopping":
-            ctx.report.info(f"stopping the job's ranks on every node ({rec['kind']} of node(s) {rec['lost']})")
-            backend.cancel(job, grace_s=5)
+            # the nodes the provider says are gone (to be re-provisioned) are not asked: nothing runs there
+            # and SSH would only wait out its retries
+            alive = [i for i in range(cluster.num_nodes) if i not in rec["reprovision"]]
+            ctx.report.info(f"stopping the job's ranks on node(s) {alive} ({rec['kind']} of node(s) {rec['lost']})")
+            ctx.backend(cluster).cancel(job, nodes=alive, grace_s=5)
             rec.update(phase="backoff", until=time.time() + float(rec.get("backoff_s", 0)))
             job = _save(ctx, job, rec)
         if rec["phase"] == "backoff":
@@ -202,7 +204,8 @@ def resume(cluster: Cluster, job: JobRecord, ctx: Context) -> JobRecord:
         if rec["phase"] == "launching":
             if ctx.store.get_job(job.id).status != RECOVERING:
                 return ctx.store.get_job(job.id)
-            backend.cancel(job, grace_s=5)  # a launch a killed watcher had begun: ended before the next one
+            # a launch a killed watcher had begun: ended before the next one (on the nodes as they are now)
+            ctx.backend(ctx.store.get_cluster_by_id(cluster.id)).cancel(job, grace_s=5)
             rec["launch_started_at"] = time.time()
             relaunch(cluster, job, ctx, int(rec["attempt"]))
             now = time.time()
@@ -267,6 +270,13 @@ def wait(cluster: Cluster, job: JobRecord, ctx: Context, on_line: Callable[[LogL
                 ctx.report.warn(f"not recovering: {v.why}")
                 return _save(ctx, job, None, status=ctx.store.get_job(job.id).status, recovery_stopped=v.why)
             begin(cluster, job, ctx, v)
+
+
+def summary_line(rec: dict[str, Any]) -> str:
+    """One recovery in a sentence, for `run`, `watch` and `cost`."""
+    again = f", re-provisioned node(s) {rec['reprovision']}" if rec.get("reprovision") else ", same node(s)"
+    return (f"recovery to attempt {rec.get('attempt')}: {rec.get('kind')} of node(s) {rec.get('lost')}{again}; "
+            f"{float(rec.get('seconds') or 0):.1f}s down, ~${float(rec.get('cost_usd') or 0):.4f}")
 
 
 def status_note(cluster: Cluster, job: JobRecord | None, ctx: Context) -> str | None:

@@ -74,7 +74,9 @@ class Store:
             raise SyncError(f"job.checkpoint_store {store_url!r} is not an s3:// or gs:// URL")
         self.url = RemoteURL(base.scheme, base.bucket, f"{base.key_prefix}{job_id}")
         self.where = f"{store_url.rstrip('/')}/{job_id}"
+        self.workers = workers
         self.backend = backend or make_backend(self.url, fld="job.checkpoint_store", workers=workers)
+        self._listed: dict[str, RemoteObject] | None = None  # the last listing of checkpoints()
 
     def close(self) -> None:
         self.backend.close()
@@ -140,7 +142,8 @@ class Store:
         """Every checkpoint of the job in the store, oldest first (by the time its files were written)."""
         found: dict[str, Checkpoint] = {}
         metas: list[tuple[int, str, RemoteObject]] = []
-        for obj in self.backend.list(self.url):
+        objs = {o.key: o for o in self.backend.list(self.url)}
+        for obj in objs.values():
             rel = obj.key[len(self.url.key_prefix):]
             parts = rel.split("/")
             if len(parts) < 2 or not parts[0].startswith("node-") or not parts[0][5:].isdigit():
@@ -151,10 +154,13 @@ class Store:
                     metas.append((node, parts[2][:-5], obj))
                 continue
             found.setdefault(parts[1], Checkpoint(parts[1])).writers.add(node)
-        for node, name, obj in metas:
-            doc = self._get_json(obj)
+        # one GET per manifest: in parallel (a long run has hundreds; in series they were most of a restore)
+        with ThreadPoolExecutor(max_workers=max(1, min(16, len(metas)))) as pool:
+            docs = list(pool.map(lambda m: self._get_json(m[2]), metas))
+        for (node, name, _obj), doc in zip(metas, docs, strict=True):
             if doc is not None:
                 found.setdefault(name, Checkpoint(name)).manifests[node] = doc
+        self._listed = objs
         return sorted(found.values(), key=lambda c: (c.mtime, c.name))
 
     def newest_complete(self) -> Checkpoint | None:
@@ -171,7 +177,10 @@ class Store:
                 if rel.startswith("/") or ".." in rel.split("/"):
                     raise SyncError(f"{self.where}: manifest of {ckpt.name} names an unsafe path {rel!r}")
                 wanted.setdefault(rel, (node, f))
-        objs = {o.key: o for o in self.backend.list(self.url)}
+        # the listing checkpoints() made (what it found complete has all its objects), else a fresh one
+        objs = self._listed or {}
+        if any(self.url.key(f"node-{node}/{rel}") not in objs for rel, (node, _f) in wanted.items()):
+            objs = {o.key: o for o in self.backend.list(self.url)}
 
         def one(item: tuple[str, tuple[int, dict[str, Any]]]) -> int:
             rel, (node, f) = item
@@ -194,7 +203,9 @@ class Store:
             return int(f["size"])
 
         rels = sorted(wanted)
-        with ThreadPoolExecutor(max_workers=4) as pool:
+        # as many files at once as `gtrain sync` takes (a sharded checkpoint is many mid-size files, each one
+        # stream below the multipart threshold); large files are fetched in parallel ranges by the backend
+        with ThreadPoolExecutor(max_workers=max(1, min(self.workers, len(rels)))) as pool:
             sizes = list(pool.map(one, sorted(wanted.items())))
         got = [r for r, n in zip(rels, sizes, strict=True) if n >= 0]
         kept = [r for r, n in zip(rels, sizes, strict=True) if n < 0]

@@ -34,10 +34,22 @@ def cost(
         stops = [ln.stopped_at for ln in r.lines]
         stop = None if (not stops or None in stops) else max(s for s in stops if s is not None)
         rows.append([r.cluster, r.provider, r.status, out.fmt_time(start), out.fmt_time(stop),
-                     f"{r.node_hours:.4f}", out.fmt_usd(r.total_usd) + ("*" if r.estimate else "")])
-    out.table("cost history", ["cluster", "provider", "status", "start", "stop", "node-hours", "$"], rows)
+                     f"{r.node_hours:.4f}", len(r.recoveries) or "-",
+                     out.fmt_usd(r.total_usd) + ("*" if r.estimate else "")])
+    out.table("cost history", ["cluster", "provider", "status", "start", "stop", "node-hours", "recoveries", "$"],
+              rows)
     total = sum(r.total_usd for r in reports)
     out.say(f"total: {out.fmt_usd(total)}" + ("  (* estimate)" if any(r.estimate for r in reports) else ""))
+    recovered = [r for r in reports if r.recoveries]
+    if recovered:
+        from gtrain.checkpoints.recovery import summary_line
+
+        for r in recovered:
+            s = r.recovery_summary
+            out.say(f"{r.cluster}: {s['count']} recovery(ies), lost node(s) {s['lost_nodes']}, "
+                    f"{s['seconds']:.1f}s down, ~{out.fmt_usd(s['cost_usd'])} of downtime (in the total above)")
+            for rec in r.recoveries:
+                out.say(f"  {rec['job']}: {summary_line(rec)}")
 
 
 def catalog(

@@ -149,7 +149,14 @@ def run(
         if res.pulled:
             out.say(f"checkpoints: {len(res.pulled.transferred)} file(s) pulled and verified -> "
                                 f"{res.pulled.dest}")
-        out.err(f"job {res.job_id} {res.status} (exit {res.exit_code})")
+        from gtrain.checkpoints.recovery import summary_line
+
+        for r in res.recoveries:
+            out.err(summary_line(r))
+        if res.recovery_stopped:
+            out.err(f"not recovered: {res.recovery_stopped}")
+        out.err(f"job {res.job_id} {res.status} (exit {res.exit_code})"
+                + (f" after {len(res.recoveries)} recovery(ies)" if res.recoveries else ""))
         if res.down:
             out.cost_table(res.down.cost)
         elif keep:

@@ -30,8 +30,9 @@ def watch(
                        "attempt": final.info.get("attempt", 1), "recoveries": recs,
                        "recovery_stopped": final.info.get("recovery_stopped")})
     else:
+        from gtrain.checkpoints.recovery import summary_line
+
         for r in recs:
-            out.err(f"recovered: attempt {r['attempt']}, {r['kind']} of node(s) {r['lost']}, "
-                    f"{r['seconds']:.1f}s, ~${r['cost_usd']:.4f}")
+            out.err(summary_line(r))
         out.err(f"job {final.id} {final.status} (exit {final.exit_code})")
     raise typer.Exit(1 if final.exit_code is None else (final.exit_code if 0 <= final.exit_code <= 255 else 1))

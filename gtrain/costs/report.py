@@ -33,6 +33,16 @@ class CostReport:
     provider: str
     status: str
     lines: list[CostLine] = field(default_factory=list)
+    #: every recovery of the cluster's jobs (docs/durable.md), oldest first, each with its ``job`` id
+    recoveries: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def recovery_summary(self) -> dict[str, Any]:
+        """How many recoveries, which nodes they replaced or restarted, the downtime and what it cost."""
+        return {"count": len(self.recoveries),
+                "lost_nodes": sorted({int(n) for r in self.recoveries for n in r.get("lost") or []}),
+                "seconds": round(sum(float(r.get("seconds") or 0) for r in self.recoveries), 3),
+                "cost_usd": round(sum(float(r.get("cost_usd") or 0) for r in self.recoveries), 6)}
 
     @property
     def total_usd(self) -> float:
@@ -51,6 +61,7 @@ class CostReport:
             "cluster": self.cluster, "cluster_id": self.cluster_id, "provider": self.provider,
             "status": self.status, "total_usd": self.total_usd, "node_hours": self.node_hours,
             "estimate": self.estimate, "lines": [asdict(line) for line in self.lines],
+            "recovery": self.recovery_summary, "recoveries": self.recoveries,
         }
 
 
@@ -71,6 +82,7 @@ def cluster_cost(store: StateStore, cluster: Cluster, provider: Provider, *, per
             stopped_at=iv.stopped_at, hours=round(max(0.0, stop - iv.started_at) / 3600, 6),
             price_per_hour=iv.price_per_hour, cost_usd=round(cost, 6), estimate=estimate, note=note,
         ))
+    report.recoveries = [{"job": j.id, **r} for j in store.jobs(cluster.id) for r in j.info.get("recoveries") or []]
     return report
 
 

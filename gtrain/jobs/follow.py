@@ -81,11 +81,17 @@ def follow(cluster: Cluster, job: JobRecord, ctx: Context, on_line: Callable[[Lo
         if follow and ended and open_streams and time.monotonic() - last_check > 2:
             last_check = time.monotonic()
             if any(e.state is not JobState.SUCCEEDED for e in ended.values()):
+                if check is not None and (why := check()):  # the provider knows first (a refresh would wait
+                    ctx.report.warn(f"job {job.id}: {why}")  # out SSH's retries to the node that is gone)
+                    lost = True
+                    break
                 job = refresh_job(cluster, ctx.store.get_job(job.id), ctx)
                 if job.status in TERMINAL_JOB and settled_at is None:
                     settled_at = time.monotonic()
     for t in threads:
         t.join(timeout=0 if lost else 5)
+    if lost:  # the caller acts on the provider's word; a refresh would try the lost node first
+        return ctx.store.get_job(job.id)
     return refresh_job(cluster, ctx.store.get_job(job.id), ctx) if follow else ctx.store.get_job(job.id)
 
 

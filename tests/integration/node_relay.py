@@ -10,6 +10,10 @@ the cloud would install is put in the hosts' authorized_keys: on AWS the instanc
 i.e. moto), on GCP the instance's ``ssh-keys`` metadata (asked of the Compute Engine endpoint in
 CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE, i.e. the fake). Then bytes are relayed between stdin/stdout and that
 host's sshd.
+
+On AWS, a terminated instance is gone like a real one: a connection to it is refused, and its host is
+freed for the next new instance (the spot-interruption test re-provisions a node onto the host its
+interrupted instance had).
 """
 
 from __future__ import annotations
@@ -25,14 +29,20 @@ from pathlib import Path
 from typing import Any
 
 
-def relay_hosts(ssh_hosts: Any, d: Path) -> list[Any]:
-    """Two sshd hosts of the session (tests/fixtures/sshd.py; the last two when there are four, the ssh tests
-    use the first), listed in ``d/hosts.json`` (``d`` is made) for the relay to hand to instances."""
-    hosts = [ssh_hosts[2], ssh_hosts[3]] if len(ssh_hosts) >= 4 else [ssh_hosts[0], ssh_hosts[1]]
-    d.mkdir()
+def setup(d: Path, hosts: list[Any]) -> Path:
+    """Make ``d`` a relay folder over the sshd ``hosts`` (tests/fixtures/sshd.py); returns it."""
+    d.mkdir(parents=True, exist_ok=True)
     auth = Path(hosts[0].identity_file).parent / "authorized_keys"
     (d / "hosts.json").write_text(json.dumps({"hosts": [[h.address, h.port] for h in hosts],
                                               "authorized_keys": str(auth)}))
+    return d
+
+
+def relay_hosts(ssh_hosts: Any, d: Path) -> list[Any]:
+    """Two sshd hosts of the session (tests/fixtures/sshd.py; the last two when there are four, the ssh tests
+    use the first), listed in ``d/hosts.json`` for the relay to hand to instances."""
+    hosts = [ssh_hosts[2], ssh_hosts[3]] if len(ssh_hosts) >= 4 else [ssh_hosts[0], ssh_hosts[1]]
+    setup(d, hosts)
     return hosts
 
 
@@ -45,13 +55,20 @@ def aws_public_keys(iid: str) -> list[str]:
     return [kp["PublicKey"].strip()]
 
 
-def aws_terminated(iids: list[str]) -> set[str]:
+def aws_gone(ids: list[str]) -> set[str]:
+    """Which of ``ids`` EC2 (moto) says are terminated, shutting down, or unknown."""
     import boto3
 
-    ec2 = boto3.client("ec2")
-    out = ec2.describe_instances(InstanceIds=iids)["Reservations"]
-    return {i["InstanceId"] for r in out for i in r["Instances"] if i["State"]["Name"] in ("shutting-down",
-                                                                                           "terminated")}
+    if not ids:
+        return set()
+    alive: set[str] = set()
+    pages = boto3.client("ec2").get_paginator("describe_instances").paginate(
+        Filters=[{"Name": "instance-id", "Values": ids}])
+    for page in pages:
+        for res in page["Reservations"]:
+            alive |= {i["InstanceId"] for i in res["Instances"]
+                      if i["State"]["Name"] not in ("shutting-down", "terminated")}
+    return set(ids) - alive
 
 
 def gcp_public_keys(name: str) -> list[str]:
@@ -71,14 +88,18 @@ def assign(cloud: str, d: Path, iid: str) -> tuple[str, int]:
         fcntl.flock(lk, fcntl.LOCK_EX)
         mp = d / "map.json"
         mapping = json.loads(mp.read_text()) if mp.exists() else {}
+        if cloud == "aws":
+            gone = aws_gone([*mapping, iid])
+            if iid in gone:  # (each refusal is noted: a test can tell who tried to reach a machine that is gone)
+                with open(d / "refused.log", "a") as f:
+                    f.write(f"{iid}\n")
+                sys.exit(f"relay: {iid} is terminated")
+            if gone:  # their hosts are free again (a real terminated instance's address is released)
+                mapping = {k: v for k, v in mapping.items() if k not in gone}
+                mp.write_text(json.dumps(mapping))
         if iid not in mapping:
             used = {tuple(v) for v in mapping.values()}
             free = [h for h in conf["hosts"] if tuple(h) not in used]
-            if not free and cloud == "aws":  # a terminated instance (a replaced node) gives its host back
-                gone = aws_terminated(list(mapping))
-                mapping = {k: v for k, v in mapping.items() if k not in gone}
-                used = {tuple(v) for v in mapping.values()}
-                free = [h for h in conf["hosts"] if tuple(h) not in used]
             if not free:
                 sys.exit(f"relay: no sshd host left for {iid}")
             ak = Path(conf["authorized_keys"])

@@ -1,0 +1,62 @@
+"""Durable runs on the ssh provider (two real sshd hosts; the store is moto's S3 on an address the hosts
+reach): kill -9 every process of node 1's job mid-run. The host is still there, so the watcher relaunches
+on it (nothing re-provisioned); both nodes restore from the store and the job ends with the weights of an
+uninterrupted run, at most one checkpoint interval computed twice."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import gtrain
+from gtrain.jobs.backend import LogLine
+from gtrain.remote import ssh as sshmod
+from tests.integration import durable_nodes as dn
+
+
+@pytest.mark.slow
+def test_kill9_of_node1_on_ssh_hosts_recovers_on_that_host(moto_bridge: str, ssh_hosts: Any, tmp_path: Path,
+                                                           gtrain_home: Path, monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    sshmod.close_all()
+    monkeypatch.setenv("GTRAIN_WATCH_POLL_S", "1")
+    hosts = [ssh_hosts[0], ssh_hosts[1]]
+    spec, store = dn.durable_spec(tmp_path, "dssh", moto_bridge, provider="ssh", ssh={
+        "user": hosts[0].user, "identity_file": hosts[0].identity_file, "python": sys.executable,
+        "hosts": [f"{h.address}:{h.port}" for h in hosts],
+        "host_keys": {f"{h.address}:{h.port}": h.host_key_line for h in hosts}})
+    notes = dn.Notes()
+    killed: list[int] = []
+    assert gtrain.up(spec, report=notes).created
+    try:
+        job = gtrain.launch(spec, report=notes)
+        killer = dn.when_in_store(store, job.job_id, "step-0003.pt",
+                               lambda: killed.append(dn.kill9(dn.pids_where(dn.of_node(job.job_id, 1)))))
+        lines: list[LogLine] = []
+        final = gtrain.wait("dssh", job_id=job.job_id, on_line=lines.append, report=notes)
+        killer.join(timeout=1)
+        assert killed and killed[0] > 0, "node 1 was never killed"
+        assert (final.status, final.exit_code) == ("succeeded", 0), dn.why(lines, notes, final)
+        recs = final.info["recoveries"]
+        assert len(recs) == 1, recs
+        rec = recs[0]
+        assert rec["kind"] == "node_failure" and rec["lost"] == [1] and rec["reprovision"] == [], rec
+        assert rec["attempt"] == 2 and 0 < rec["seconds"] < 30, rec
+        assert "the job's agent died" in rec["detail"], rec
+        pulled = gtrain.pull("dssh", job_id=job.job_id, to=tmp_path / "out")
+        assert "final.pt" in pulled.transferred
+        dn.check_resumed_same_weights(lines, tmp_path / "out" / "final.pt")
+        # same hosts, same job id: the killed attempt's files are kept aside on that host
+        st = gtrain.status("dssh")[0]
+        assert [n["status"] for n in st["nodes"]] == ["running", "running"]
+        if hosts[1].own_home:
+            kept = subprocess.run(hosts[1].in_host("sh", "-c", f"cat ~/gtrain/dssh/jobs/{job.job_id}/attempt"
+                                                   f" ~/gtrain/dssh/jobs/{job.job_id}/attempt-1/state.json"),
+                                  capture_output=True, text=True)
+            assert kept.returncode == 0 and kept.stdout.startswith("2\n") and '"running"' in kept.stdout, kept
+    finally:
+        gtrain.down("dssh", yes=True)
