@@ -54,7 +54,7 @@ class AzureBackend:
         self.threshold, self.part_size, self.workers = multipart_threshold, part_size, workers
         self._blocks: ThreadPoolExecutor | None = None
 
-    def _pool(self) -> ThreadPoolExecutor:
+    def _workers(self) -> ThreadPoolExecutor:
         if self._blocks is None:
             from concurrent.futures import ThreadPoolExecutor
 
@@ -164,7 +164,7 @@ class AzureBackend:
             progress(len(data))
             return bid
 
-        futures = [self._pool().submit(one, p) for p in ranges]
+        futures = [self._workers().submit(one, p) for p in ranges]
         try:
             ids = [f.result() for f in futures]
         finally:
@@ -199,7 +199,7 @@ class AzureBackend:
                 return self.wire.request("GET", url.bucket, obj.key, ok=(206,), headers={
                     "x-ms-range": f"bytes={first}-{last}", "if-match": f'"{obj.version}"'}).body
 
-            return head, download_ranges(self._pool(), dest, obj.size, self.part_size, fetch, progress,
+            return head, download_ranges(self._workers(), dest, obj.size, self.part_size, fetch, progress,
                                          want_md5=head.sha256 is None, where=f"az://{url.bucket}/{obj.key}")
 
     def _get_small(self, url: RemoteURL, obj: RemoteObject, dest: Path,
@@ -239,7 +239,7 @@ class AzureBackend:
                     if e.code != "BlobNotFound":
                         raise
 
-        for _ in self._pool().map(one, keys):
+        for _ in self._workers().map(one, keys):
             pass
 
     def close(self) -> None:

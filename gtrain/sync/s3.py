@@ -90,7 +90,7 @@ class S3Backend:
         self._open: dict[str, OpenUpload] = {}
         self._open_lock = threading.Lock()
 
-    def _pool(self) -> ThreadPoolExecutor:
+    def _workers(self) -> ThreadPoolExecutor:
         with self._parts_lock:
             if self._parts is None:
                 from concurrent.futures import ThreadPoolExecutor
@@ -307,7 +307,7 @@ class S3Backend:
         done = False
         futures: list[Future[tuple[str, bytes, str]]] = []
         try:
-            futures = [self._pool().submit(one, p) for p in ranges]
+            futures = [self._workers().submit(one, p) for p in ranges]
             results = [f.result() for f in futures]
             expected = s3wire.multipart_etag([m for _, m, _ in results])
             resp = wire.request("POST", bucket, key, query={"uploadId": upload_id},
@@ -396,7 +396,7 @@ class S3Backend:
             return self.wire.request("GET", url.bucket, obj.key, ok=(206,), headers={
                 "range": f"bytes={first}-{last}", "if-match": f'"{obj.version}"'}).body
 
-        return download_ranges(self._pool(), dest, obj.size, self._part_size(obj.size), fetch, progress,
+        return download_ranges(self._workers(), dest, obj.size, self._part_size(obj.size), fetch, progress,
                                want_md5=obj.sha256 is None, where=f"s3://{url.bucket}/{obj.key}")
 
     def delete(self, url: RemoteURL, keys: builtins.list[str]) -> None:
