@@ -134,6 +134,21 @@ def check_resumed_same_weights(lines: list[LogLine], final_pt: Path) -> None:
     assert got["step"] == STEPS and got["w"].tolist() == reference(STEPS, 2)
 
 
+def node_files(homes: list[Path], cluster: str, job_id: str) -> str:
+    """What each node's job folder says (state, the end of node.log, every attempt's), for a failure."""
+    out = []
+    for i, home in enumerate(homes):
+        jd = home / "gtrain" / cluster / "jobs" / job_id
+        for f in sorted([*jd.glob("state.json"), *jd.glob("attempt-*/state.json"), *jd.glob("node.log"),
+                         *jd.glob("attempt-*/node.log"), *jd.glob("logs/rank-*.exit")]):
+            try:
+                text = f.read_text(errors="replace").splitlines()[-25:]
+            except OSError as e:
+                text = [str(e)]
+            out += [f"--- host {i}: {f.relative_to(jd)}", *text]
+    return "\n".join(out)
+
+
 def why(lines: list[LogLine], notes: Notes, job: Any) -> str:
     """What a failed assertion shows: the job's last lines, what gtrain said, why it stopped recovering."""
     return "\n".join([*[x.text for x in lines][-30:], *notes.lines, str(job.info.get("recovery_stopped"))])

@@ -46,6 +46,13 @@ def relay_hosts(ssh_hosts: Any, d: Path) -> list[Any]:
     return hosts
 
 
+def host_of(d: Path, iid: str, hosts: list[Any]) -> Any:
+    """The sshd host the relay gave instance ``iid`` (it hands hosts out in the order instances are first
+    reached, so rank 1 is not always the second host)."""
+    addr, port = json.loads((d / "map.json").read_text())[iid]
+    return next(h for h in hosts if (h.address, int(h.port)) == (addr, int(port)))
+
+
 def aws_public_keys(iid: str) -> list[str]:
     import boto3
 

@@ -84,18 +84,20 @@ def test_spot_interruption_of_node1_recovers_on_a_new_instance_same_weights(  # 
         job = gtrain.launch(spec, report=notes)
 
         def interrupt() -> None:
+            host1 = node_relay.host_of(relay_dir, first[1], hosts)  # (rank 1 is not always hosts[1])
             spot_interrupt(first[1])  # EC2 says so first; then the machine is gone
             interrupted["at"] = time.time()
             interrupted["killed"] = kill_instance_world(job.job_id, first[1])
-            if hosts[1].own_home:  # its disk goes too: a new instance starts empty
-                subprocess.run(hosts[1].in_host("sh", "-c", "rm -rf ~/gtrain/spot"), check=False)
+            if host1.own_home:  # its disk goes too (never the survivor's): a new instance starts empty
+                subprocess.run(host1.in_host("sh", "-c", "rm -rf ~/gtrain/spot"), check=False)
 
         killer = dn.when_in_store(store, job.job_id, "step-0003.pt", interrupt)
         lines: list[LogLine] = []
         final = gtrain.wait("spot", job_id=job.job_id, on_line=lines.append, report=notes)
         killer.join(timeout=1)
         assert interrupted.get("killed"), "node 1 was never interrupted"
-        assert (final.status, final.exit_code) == ("succeeded", 0), dn.why(lines, notes, final)
+        assert (final.status, final.exit_code) == ("succeeded", 0), (
+            dn.why(lines, notes, final) + "\n" + dn.node_files([h.home for h in hosts], "spot", job.job_id))
         recs = final.info["recoveries"]
         assert len(recs) == 1, recs
         rec = recs[0]

@@ -7,10 +7,14 @@ log=/home/u/gtrain/demo/jobs/demo-20260101-000000-abcd/logs/rank-"${RANK}".log
 mkdir -p /home/u/gtrain/demo/jobs/demo-20260101-000000-abcd/metrics
 export GTRAIN_METRICS_FILE=/home/u/gtrain/demo/jobs/demo-20260101-000000-abcd/metrics/rank-"${RANK}".jsonl
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}"/home/u/gtrain/demo/jobs/demo-20260101-000000-abcd/py
+launcher=$(cat /home/u/gtrain/demo/jobs/demo-20260101-000000-abcd/pid 2>/dev/null)  # this attempt's launch.sh; a relaunch takes `pid` over
 trap 'kill -TERM "$child" 2>/dev/null' TERM INT HUP
 python3 -u "$@" >>"$log" 2>&1 </dev/null &
 child=$!
 wait "$child"; rc=$?
 while kill -0 "$child" 2>/dev/null; do wait "$child"; rc=$?; done
-printf '%s %s\n' "$rc" "$(date +%s.%N)" > /home/u/gtrain/demo/jobs/demo-20260101-000000-abcd/logs/rank-"${RANK}".exit
+# (a rank of an earlier attempt that outlived its stop writes nothing into the next attempt's logs)
+if [ "$(cat /home/u/gtrain/demo/jobs/demo-20260101-000000-abcd/pid 2>/dev/null)" = "$launcher" ]; then
+  printf '%s %s\n' "$rc" "$(date +%s.%N)" > /home/u/gtrain/demo/jobs/demo-20260101-000000-abcd/logs/rank-"${RANK}".exit
+fi
 exit "$rc"
