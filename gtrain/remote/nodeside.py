@@ -406,14 +406,14 @@ def _busy() -> str | None:
     # machine that holds more than one node (the ssh provider's shared hosts, tests), another cluster's job
     # must not keep this node up, nor stop it from powering off
     cluster = os.environ.get("GTRAIN_IDLE_CLUSTER")
-    mark = b"\0GTRAIN_CLUSTER=" + cluster.encode() + b"\0" if cluster else b"\0GTRAIN_JOB_ID="
+    mine = b"\0GTRAIN_CLUSTER=" + cluster.encode() + b"\0" if cluster else b""
     for d in os.listdir("/proc"):
         if not d.isdigit() or int(d) == me:
             continue
         try:
             with open(f"/proc/{d}/environ", "rb") as f:
-                env = b"\0" + f.read()
-            if mark in (env + b"\0" if cluster else env) and b"\0GTRAIN_JOB_ID=" in env:
+                env = b"\0" + f.read() + b"\0"  # every NAME=value framed by NULs
+            if b"\0GTRAIN_JOB_ID=" in env and mine in env:
                 return f"job process {d}"
             with open(f"/proc/{d}/cmdline", "rb") as f:
                 cmd = f.read()
