@@ -32,6 +32,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError, to_jsonable_python
 
 from gtrain.checkpoints.policy import Recovery, check_store
+from gtrain.containers.options import ContainerOptions, ImageCredentials, check_image
 from gtrain.errors import ConfigError, dotted_path
 from gtrain.health.model import PREFLIGHT_PATTERN, MinGpuUtil
 from gtrain.jobs.launchers import options as launchers
@@ -163,6 +164,13 @@ class Job(_Model):
         None, description="`s3://bucket[/prefix]` or `gs://…`: nodes upload checkpoints there and restore from it; "
         "see docs/durable.md")
     python: str | None = Field(None, description="interpreter on the nodes (default: python3; local: this one)")
+    image: Annotated[str | None, AfterValidator(check_image)] = Field(
+        None, description="container image every node runs the job in (`nvcr.io/nvidia/pytorch:25.01-py3`); "
+        "required on kubernetes; see docs/containers.md")
+    image_credentials: ImageCredentials | None = Field(
+        None, description="`{username, password_secret}` for a private registry; `password_secret` names a "
+        "local environment variable")
+    container: ContainerOptions | None = Field(None, description="`{runtime, mounts, options}`; needs `image`")
     accelerate: launchers.AccelerateOptions | None = Field(None, description="`launcher: accelerate` options")
     deepspeed: launchers.DeepSpeedOptions | None = Field(None, description="`launcher: deepspeed` options")
     jax: launchers.JaxOptions | None = Field(None, description="`launcher: jax` options")
@@ -218,6 +226,8 @@ class Job(_Model):
     def _secret_not_env(self) -> Job:
         if both := sorted(set(self.secrets) & set(self.env)):
             raise ValueError(f"job.secrets and job.env both set {both}: keep one")
+        if self.image is None and (self.image_credentials is not None or self.container is not None):
+            raise ValueError("job.image_credentials and job.container need job.image (the image to run)")
         return self
 
     @field_validator("checkpoint_dir")

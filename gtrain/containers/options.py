@@ -1,0 +1,108 @@
+"""The spec models of ``job.image``, ``job.image_credentials`` and ``job.container``."""
+
+from __future__ import annotations
+
+import re
+from pathlib import PurePosixPath
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# The Docker distribution reference grammar (github.com/distribution/reference, regexp.go), anchored:
+# [registry[:port]/]path[:tag][@digest]. Path components are lower case; the registry may hold upper case.
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_DOMAIN = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[0-9a-fA-F:]+\])(?::[0-9]+)?"
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_TAG = r"[\w][\w.-]{0,127}"
+_DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
+IMAGE_RE = re.compile(
+    rf"^(?:(?P<domain>{_DOMAIN})/)?(?P<path>{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*)"
+    rf"(?::(?P<tag>{_TAG}))?(?:@(?P<digest>{_DIGEST}))?$"
+)
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+RUNTIMES = ("auto", "docker", "podman", "enroot", "apptainer")
+
+
+def check_image(v: str | None) -> str | None:
+    """``job.image``: a registry reference as ``docker pull`` takes it; at most 255 characters of path."""
+    if v is None:
+        return v
+    m = IMAGE_RE.match(v) if len(v) <= 512 else None
+    domain = m.group("domain") if m else None
+    if domain and not _is_host(domain) and domain != domain.lower():
+        m = None  # not a registry host, so a path component: lower case only (as docker parses it)
+    if m is None:
+        raise ValueError("is not an image reference; write [registry[:port]/]repository[:tag][@sha256:digest], "
+                         "e.g. nvcr.io/nvidia/pytorch:25.01-py3")
+    return v
+
+
+def _is_host(domain: str) -> bool:
+    return "." in domain or ":" in domain or domain == "localhost"
+
+
+def image_registry(image: str) -> str:
+    """The registry host a reference pulls from (``docker.io`` when the first component is not a host)."""
+    m = IMAGE_RE.match(image)
+    domain = m.group("domain") if m else None
+    if domain and _is_host(domain):
+        return domain
+    return "docker.io"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, validate_assignment=True)
+
+
+class ImageCredentials(_Model):
+    """Registry login for a private image; the password is a secret NAME, read from the local environment."""
+
+    username: str = Field(..., min_length=1, max_length=256, description="registry user (NGC: `$oauthtoken`)")
+    password_secret: str = Field(..., description="name of the local environment variable that holds the "
+                                 "password or token; never written to state, scripts or argv")
+
+    @field_validator("username")
+    @classmethod
+    def _user(cls, v: str) -> str:
+        if any(c in v for c in "\x00\r\n"):
+            raise ValueError("holds a control character")
+        return v
+
+    @field_validator("password_secret")
+    @classmethod
+    def _secret(cls, v: str) -> str:
+        if not ENV_NAME_RE.match(v):
+            raise ValueError(f"{v!r} is not an environment variable name (letters, digits, _); it names the "
+                             "variable that holds the password, not the password itself")
+        return v
+
+
+class ContainerMount(_Model):
+    host: str = Field(..., description="absolute path on the node")
+    path: str = Field(..., description="absolute path inside the container")
+    read_only: bool = Field(False, description="mount read-only")
+
+    @field_validator("host", "path")
+    @classmethod
+    def _abs(cls, v: str) -> str:
+        if not v.startswith("/") or any(c in v for c in "\x00\r\n,:") or ".." in PurePosixPath(v).parts:
+            raise ValueError("must be an absolute path without '..', ',' or ':' (e.g. /fsx)")
+        return v
+
+
+class ContainerOptions(_Model):
+    runtime: Literal["auto", "docker", "podman", "enroot", "apptainer"] = Field(
+        "auto", description="container runtime on the nodes; `auto` = what the node has (docker, podman; on "
+        "Slurm pyxis, enroot, apptainer)")
+    mounts: list[ContainerMount] = Field(default_factory=list, description="extra host paths, "
+                                         "`[{host: /fsx, path: /fsx}]`")
+    options: list[str] = Field(default_factory=list, description="extra runtime flags; flags gtrain sets itself "
+                               "(network, ipc, gpus, name, volumes of the job) are refused")
+
+    @field_validator("options")
+    @classmethod
+    def _opts(cls, v: list[str]) -> list[str]:
+        for o in v:
+            if any(c in o for c in "\x00\r\n"):
+                raise ValueError(f"{o!r} holds a control character")
+        return v
