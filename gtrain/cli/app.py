@@ -117,14 +117,33 @@ def build_app() -> Any:
 
 
 def missing_extra(e: BaseException) -> tuple[str, str] | None:
-    """(module, extra) when ``e`` (or what caused it) is an optional dependency that is not installed."""
+    """(module, extra) when ``e`` (or what caused it) is an optional dependency that is not installed.
+
+    The chain of causes may loop (an exception can be its own context): each link is visited once. A missing
+    module that belongs to no extra but was imported by one's package (google-auth needing ``packaging``) is
+    that extra's missing piece.
+    """
     seen: BaseException | None = e
-    while seen is not None:
+    visited: set[int] = set()
+    missing: str | None = None
+    owners: list[str] = []
+    while seen is not None and id(seen) not in visited:
+        visited.add(id(seen))
         if isinstance(seen, ModuleNotFoundError) and seen.name:
             top = seen.name.split(".")[0]
             if top in EXTRAS:
                 return seen.name, EXTRAS[top]
+            if top != "gtrain" and missing is None:
+                missing = seen.name
+        tb = seen.__traceback__
+        while tb is not None:
+            mod = str(tb.tb_frame.f_globals.get("__name__", "")).split(".")[0]
+            if mod in EXTRAS and EXTRAS[mod] not in owners:
+                owners.append(EXTRAS[mod])
+            tb = tb.tb_next
         seen = seen.__cause__ or seen.__context__
+    if missing is not None and owners:
+        return missing, owners[0]
     return None
 
 

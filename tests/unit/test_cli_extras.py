@@ -90,3 +90,28 @@ def test_extras_are_complete(repo_root: Path) -> None:
     assert {"boto3", "botocore", "cryptography", "paramiko"} <= names("aws")
     assert {"google-cloud-compute", "google-cloud-storage", "paramiko", "cryptography"} <= names("gcp")
     assert names("ssh") | names("aws") | names("gcp") | names("train") <= names("all")
+
+
+def test_a_cyclic_chain_of_causes_ends(tmp_path: Path) -> None:
+    """An exception that is its own context (seen with google-auth's ImportError) must not spin the CLI."""
+    from gtrain.cli.app import missing_extra
+
+    a = ImportError("outer")
+    b = ModuleNotFoundError("No module named 'packaging'", name="packaging")
+    a.__context__ = b
+    b.__context__ = a
+    assert missing_extra(a) is None
+
+
+def test_a_dependency_an_extra_forgot_is_named_with_that_extra() -> None:
+    """google-auth raising ImportError because `packaging` is missing: the gcp extra's piece, not 'a bug'."""
+    from gtrain.cli.app import missing_extra
+
+    code = compile("raise ImportError('google-auth requires packaging') from inner", "<google>", "exec")
+    try:
+        try:
+            raise ModuleNotFoundError("No module named 'packaging'", name="packaging")
+        except ModuleNotFoundError as inner:
+            exec(code, {"__name__": "google.auth.transport.urllib3", "inner": inner})
+    except ImportError as e:
+        assert missing_extra(e) == ("packaging", "gcp")

@@ -1,0 +1,61 @@
+"""Each extra installed into a clean venv (not the test environment, whose own packages mask what an extra
+forgets) runs the command it exists for. ``pip install 'gtrain[gcp]'`` once lacked ``packaging`` (google-auth's
+urllib3 transport needs it) and ``gtrain sync`` then spun at 100 % CPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(REPO)],
+                   check=True, capture_output=True, timeout=300)
+    return next(out.glob("gtrain-*.whl"))
+
+
+def _venv(tmp_path: Path, wheel: Path, extra: str) -> Path:
+    v = tmp_path / f"venv-{extra}"
+    subprocess.run([sys.executable, "-m", "venv", str(v)], check=True, timeout=120)
+    r = subprocess.run([str(v / "bin" / "pip"), "install", "-q", "--disable-pip-version-check",
+                        f"{wheel}[{extra}]"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return v
+
+
+def _gtrain(v: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(v / "bin" / "gtrain"), *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "NO_COLOR": "1", **env}, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.slow
+def test_gcp_extra_syncs_to_a_bucket(tmp_path: Path, wheel: Path, gcs_emulator: str) -> None:
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    storage.Client(project="gtrain-test", credentials=AnonymousCredentials()).create_bucket("gt-extras-gcp")
+    v = _venv(tmp_path, wheel, "gcp")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("hello")
+    r = _gtrain(v, "sync", str(src), "gs://gt-extras-gcp/x", env={"STORAGE_EMULATOR_HOST": gcs_emulator})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "this is a bug" not in r.stderr
+
+
+@pytest.mark.slow
+def test_aws_extra_syncs_to_a_bucket(tmp_path: Path, wheel: Path, seaweedfs, weed_bucket: str) -> None:  # type: ignore[no-untyped-def]
+    v = _venv(tmp_path, wheel, "aws")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("hello")
+    r = _gtrain(v, "sync", str(src), f"s3://{weed_bucket}/x", env=seaweedfs.env())
+    assert r.returncode == 0, r.stdout + r.stderr
