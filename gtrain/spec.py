@@ -52,6 +52,7 @@ MAX_NODES = 512
 MAX_HOURS = 8760.0  # a year
 MAX_IDLE_MINUTES = 525600.0  # a year
 MAX_COST_USD = 1e7
+MAX_PROBLEMS = 5  # problems named in one error line; the rest are counted
 
 
 
@@ -59,6 +60,19 @@ def _not_bool(v: Any) -> Any:
     if isinstance(v, bool):
         raise PydanticCustomError("bool_not_number", "is a boolean, not a number")
     return v
+
+
+def _no_credentials(field: str) -> BeforeValidator:
+    """A bucket URL holding ``user:password@`` is refused without repeating it (the error names the field)."""
+
+    def check(v: Any) -> Any:
+        if isinstance(v, str) and re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/]*@", v):
+            raise ConfigError(f"invalid spec: {field}: credentials in a URL are refused (the value is not shown)",
+                              hint="the nodes use their own credentials (an instance role, the environment)",
+                              field=field)
+        return v
+
+    return BeforeValidator(check)
 
 
 # YAML's `true` is not the number 1 (pydantic would take it as one).
@@ -121,7 +135,7 @@ class Resources(_Model):
 class DataEntry(_Model):
     """A dataset the nodes download at launch, with their own credentials (an instance role on a cloud)."""
 
-    src: str = Field(..., description="`s3://bucket[/prefix]` or `gs://bucket[/prefix]`")
+    src: Annotated[str, _no_credentials("job.data.src")] = Field(..., description="`s3://bucket[/prefix]` or `gs://bucket[/prefix]`")
     dst: str = Field(..., description="folder inside the workdir: relative, no `..`")
     delete: bool = Field(False, description="mirror: remove files under `dst` that `src` lacks")
 
@@ -130,6 +144,8 @@ class DataEntry(_Model):
     def _src(cls, v: str) -> str:
         if not re.match(r"^(s3|gs|az)://[a-z0-9][a-z0-9._-]{1,221}(/.*)?$", v):
             raise ValueError("must be s3://bucket[/prefix], gs://bucket[/prefix] or az://container[/prefix]")
+        if ".." in v.split("/")[3:]:
+            raise ValueError("the prefix may not hold '..'")
         return v
 
     @field_validator("dst")
@@ -139,6 +155,12 @@ class DataEntry(_Model):
         if not v or p.is_absolute() or ".." in p.parts:
             raise ValueError("must be a folder inside the workdir, relative, without '..' (e.g. data)")
         return p.as_posix()
+
+    @model_validator(mode="after")
+    def _not_whole_workdir(self) -> DataEntry:
+        if self.delete and self.dst == ".":
+            raise ValueError("dst: '.' with delete: true would delete the whole workdir; name a folder (e.g. data)")
+        return self
 
 
 class Job(_Model):
@@ -160,7 +182,8 @@ class Job(_Model):
     data: list[DataEntry] = Field(default_factory=list, description="datasets each node downloads at launch; "
                                   "see [job.data](#jobdata)")
     max_restarts: Int = Field(0, ge=0, le=100, description="torchrun's `--max_restarts`")
-    checkpoint_store: Annotated[str | None, AfterValidator(check_store)] = Field(
+    checkpoint_store: Annotated[str | None, AfterValidator(check_store),
+                                _no_credentials("job.checkpoint_store")] = Field(
         None, description="`s3://bucket[/prefix]` or `gs://…`: nodes upload checkpoints there and restore from it; "
         "see docs/durable.md")
     python: str | None = Field(None, description="interpreter on the nodes (default: python3; local: this one)")
@@ -219,7 +242,11 @@ class Job(_Model):
             if k in HOST_ENV:
                 raise ValueError(f"{k!r} would send this machine's {k} to the nodes; set it in job.env instead")
         if len(set(v)) != len(v):
-            raise ValueError(f"{sorted({k for k in v if v.count(k) > 1})} given more than once")
+            from collections import Counter
+
+            twice = sorted(k for k, n in Counter(v).items() if n > 1)
+            more = f" and {len(twice) - 5} more" if len(twice) > 5 else ""
+            raise ValueError(f"{twice[:5]}{more} given more than once")
         return v
 
     @model_validator(mode="after")
@@ -230,11 +257,18 @@ class Job(_Model):
             raise ValueError("job.image_credentials and job.container need job.image (the image to run)")
         return self
 
+    @field_validator("workdir", "run", "checkpoint_dir", "setup", "python")
+    @classmethod
+    def _no_nul(cls, v: str | None) -> str | None:
+        if v is not None and "\x00" in v:
+            raise ValueError("holds a NUL byte")
+        return v
+
     @field_validator("checkpoint_dir")
     @classmethod
     def _ckpt(cls, v: str) -> str:
         p = Path(v)
-        if not v or p.is_absolute() or ".." in p.parts:
+        if not v or p.is_absolute() or ".." in p.parts or not p.parts:
             raise ValueError("must be a path inside the workdir, relative, without '..' (e.g. checkpoints)")
         return p.as_posix()
 
@@ -414,7 +448,8 @@ def translate_validation_error(err: ValidationError, model: type[BaseModel] = Cl
     lines: list[str] = []
     first_field: str | None = None
     hint: str | None = None
-    for e in err.errors():
+    errors = err.errors(include_url=False)
+    for e in errors[:MAX_PROBLEMS]:
         loc = tuple(x for x in e["loc"] if not (isinstance(x, str) and x.startswith("function-")))
         path = _loc(loc)
         first_field = first_field or path
@@ -437,6 +472,8 @@ def translate_validation_error(err: ValidationError, model: type[BaseModel] = Cl
             value = e.get("input")
             # a rule over a whole mapping (a provider section, secrets vs env) names no single value
             lines.append(f"{path}: {msg}" if isinstance(value, dict) else f"{path}: {_short(value)} — {msg}")
+    if len(errors) > MAX_PROBLEMS:  # 24,000 unknown keys: the first few and a count, not a 3 MB line
+        lines.append(f"and {len(errors) - MAX_PROBLEMS} more problem(s)")
     return ConfigError("invalid spec: " + "; ".join(lines), hint=hint, field=first_field)
 
 
@@ -448,6 +485,10 @@ def parse_spec(data: Any, *, base_dir: str | None = None, source: str = "spec") 
             f"{source}: the top level must be a mapping of fields, got {type(data).__name__}",
             hint="start with `name: demo`", field="spec",
         )
+    for k in data:
+        if not isinstance(k, str):
+            raise ConfigError(f"{source}: key {k!r} is not a field name", hint="start with `name: demo`",
+                              field="spec")
     try:
         spec = ClusterSpec.model_validate({**data, "base_dir": base_dir})
     except ValidationError as e:
@@ -465,6 +506,10 @@ def load_spec(path: str | os.PathLike[str], *, name: str | None = None) -> Clust
         raise ConfigError(f"spec file {str(p)!r} is a directory, not a spec file",
                           hint=f"did you mean {inside}?" if inside else "pass the path to a YAML spec file",
                           field="SPEC")
+    if p.exists() and not p.is_file():
+        kind = "a FIFO" if p.is_fifo() else "a device" if p.is_char_device() or p.is_block_device() else "not a file"
+        raise ConfigError(f"spec file {str(p)!r} is {kind}, not a regular file", field="SPEC",
+                          hint="pass the path to a YAML spec file (a pipe would be read while the command waits)")
     if not p.is_file():
         raise ConfigError(f"spec file {str(p)!r} does not exist", hint="pass the path to a YAML spec", field="SPEC")
     try:
