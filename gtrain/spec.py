@@ -268,7 +268,7 @@ class Job(_Model):
     @classmethod
     def _ckpt(cls, v: str) -> str:
         p = Path(v)
-        if not v or p.is_absolute() or ".." in p.parts or not p.parts:
+        if not v or p.is_absolute() or ".." in p.parts:
             raise ValueError("must be a path inside the workdir, relative, without '..' (e.g. checkpoints)")
         return p.as_posix()
 
