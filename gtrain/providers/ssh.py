@@ -39,6 +39,20 @@ def not_bool(v: Any) -> Any:
     return v
 
 
+def one_line(v: str | None) -> str | None:
+    """A path or command that goes into a shell line: no NUL, newline or other control character."""
+    if v is not None and any(c < " " or c == "\x7f" for c in v):
+        raise ValueError("holds a control character (a newline, NUL, ...)")
+    return v
+
+
+def check_jump(v: str | None) -> str | None:
+    """``[user@]host[:port]``: what ssh -J takes, never an option."""
+    if v is not None and not _HOST_RE.match(v):
+        raise ValueError("is not [USER@]HOST[:PORT] (letters, digits, '.', '_', '-', not starting with '-')")
+    return v
+
+
 def check_name(v: str | None) -> str | None:
     """A user or host name ssh cannot take for an option or a second line."""
     if v is not None and not (_NAME_RE.match(v) or re.match(r"^[0-9a-fA-F:.]+$", v) and ":" in v):
@@ -89,6 +103,8 @@ class SSHSection(BaseModel):
         return out
 
     _user = field_validator("user")(check_name)
+    _lines = field_validator("identity_file", "proxy_command", "python")(one_line)
+    _jump = field_validator("proxy_jump")(check_jump)
     _port = field_validator("port", mode="before")(not_bool)
 
     @field_validator("proxy_command")

@@ -63,7 +63,8 @@ def spec_cases() -> list[Case]:
         "policies.max_hours": [0, 9000, True, "x", -0.5],
         "policies.max_cost_usd": [-5, 1e8, True, 0],
         "policies.preflight": ["sometimes", 1, True, "QUICK!"],
-        "policies.min_gpu_util": ["x", 5, {"percent": 200}, {"percent": -1}, {"bogus": 1}],
+        "policies.min_gpu_util": ["x", 5, {"percent": 200}, {"percent": -1}, {"bogus": 1}, {"percent": True},
+                                  {"minutes": True}, {"action": "explode"}],
         "policies.recovery": ["x", 5, {"bogus": 1}],
         "job": ["train.py", 1, []],
         "job.run": ["", "'unclosed", [], "   ", {"a": 1}],
@@ -119,7 +120,9 @@ def provider_cases() -> list[Case]:
            for i, h in enumerate([*ssh_hosts, *ssh_dicts])]
     for i, (k, v) in enumerate([("user", "-x"), ("user", "a\nb"), ("user", "$(id)"), ("user", ""), ("port", 0),
                                 ("port", 70000), ("port", True), ("hosts", []), ("hosts", "h1"), ("bogus", 1),
-                                ("host_keys", ["x"]), ("check_torch", "maybe"), ("user", "root;id")]):
+                                ("host_keys", ["x"]), ("check_torch", "maybe"), ("user", "root;id"),
+                                ("python", "a\nb"), ("proxy_jump", "-oProxyCommand=id"), ("proxy_jump", "a b"),
+                                ("identity_file", "k\x00"), ("proxy_command", "nc %h %p\nid"), ("port", "22a")]):
         out.append(Case(f"ssh-{k}-{i}", ("up", "--dry-run", "{spec}"),
                         _yaml({"name": "demo", "provider": "ssh", "ssh": {"hosts": ["h1"], k: v}}), f"ssh.{k}"))
     out += [Case("ssh-none", ("up", "--dry-run", "{spec}"), _yaml({"name": "demo", "provider": "ssh"}), "ssh"),
@@ -138,7 +141,9 @@ def provider_cases() -> list[Case]:
         ("extra_sbatch", ["#SBATCH"]), ("extra_sbatch", ["--mem=1\x00"]), ("extra_sbatch", ["-- "]),
         ("extra_sbatch", ["--output=/tmp/x"]), ("extra_sbatch", ["--x=\x1b[2J"]),
         ("time", "forever"), ("time", "1:2:3:4"), ("gres_style", "x"), ("signal", "$(id)"),
-        ("rate_per_gpu_hour", -1), ("bogus", 1), ("exclusive", "maybe"), ("hold", [])]
+        ("rate_per_gpu_hour", -1), ("bogus", 1), ("exclusive", "maybe"), ("hold", []), ("rate_per_gpu_hour", True),
+        ("partition", "a\nb"), ("shared_dir", "a\x00b"), ("conf", "x\ny"), ("python", "python3\nid"),
+        ("account", "a\rb"), ("login_identity_file", "k\x00"), ("qos", ["x"]), ("constraint", "a\x1bb")]
     out += [Case(f"slurm-{k}-{i}", ("up", "--dry-run", "{spec}"),
                  _yaml({"name": "demo", "provider": "slurm", "slurm": {"login": "u@login1", k: v}}), f"slurm.{k}")
             for i, (k, v) in enumerate(slurm)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -53,6 +54,21 @@ class SlurmOptions(BaseModel):
     hold: bool = Field(False, description="`up` takes an allocation of num_nodes (salloc --no-shell) and holds it "
                                           "until `down`; each launch runs as a step in it (the held time is "
                                           "charged)")
+
+    @field_validator("rate_per_gpu_hour", mode="before")
+    @classmethod
+    def _rate(cls, v: Any) -> Any:
+        if isinstance(v, bool) or isinstance(v, float) and not math.isfinite(v):
+            raise ValueError("is not a finite number of dollars")
+        return v
+
+    @field_validator("login_identity_file", "login_host_key", "partition", "account", "qos", "constraint",
+                     "shared_dir", "conf", "python")
+    @classmethod
+    def _one_line(cls, v: str | None) -> str | None:
+        if v is not None and any(c < " " or c == "\x7f" for c in v):
+            raise ValueError("holds a control character (a newline, NUL, ...)")
+        return v
 
     @field_validator("time")
     @classmethod
