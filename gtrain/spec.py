@@ -36,6 +36,7 @@ from gtrain.containers.options import ContainerOptions, ImageCredentials, check_
 from gtrain.errors import ConfigError, dotted_path
 from gtrain.health.model import PREFLIGHT_PATTERN, MinGpuUtil
 from gtrain.jobs.launchers import options as launchers
+from gtrain.specdata import MAX_PROBLEMS, DataEntry, check_keys, check_spec_file, duplicates, no_credentials, no_nul
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$|^[a-z]$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -52,7 +53,6 @@ MAX_NODES = 512
 MAX_HOURS = 8760.0  # a year
 MAX_IDLE_MINUTES = 525600.0  # a year
 MAX_COST_USD = 1e7
-MAX_PROBLEMS = 5  # problems named in one error line; the rest are counted
 
 
 
@@ -60,19 +60,6 @@ def _not_bool(v: Any) -> Any:
     if isinstance(v, bool):
         raise PydanticCustomError("bool_not_number", "is a boolean, not a number")
     return v
-
-
-def _no_credentials(field: str) -> BeforeValidator:
-    """A bucket URL holding ``user:password@`` is refused without repeating it (the error names the field)."""
-
-    def check(v: Any) -> Any:
-        if isinstance(v, str) and re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/]*@", v):
-            raise ConfigError(f"invalid spec: {field}: credentials in a URL are refused (the value is not shown)",
-                              hint="the nodes use their own credentials (an instance role, the environment)",
-                              field=field)
-        return v
-
-    return BeforeValidator(check)
 
 
 # YAML's `true` is not the number 1 (pydantic would take it as one).
@@ -132,37 +119,6 @@ class Resources(_Model):
         return [self.region] if self.region else []
 
 
-class DataEntry(_Model):
-    """A dataset the nodes download at launch, with their own credentials (an instance role on a cloud)."""
-
-    src: Annotated[str, _no_credentials("job.data.src")] = Field(..., description="`s3://bucket[/prefix]` or `gs://bucket[/prefix]`")
-    dst: str = Field(..., description="folder inside the workdir: relative, no `..`")
-    delete: bool = Field(False, description="mirror: remove files under `dst` that `src` lacks")
-
-    @field_validator("src")
-    @classmethod
-    def _src(cls, v: str) -> str:
-        if not re.match(r"^(s3|gs|az)://[a-z0-9][a-z0-9._-]{1,221}(/.*)?$", v):
-            raise ValueError("must be s3://bucket[/prefix], gs://bucket[/prefix] or az://container[/prefix]")
-        if ".." in v.split("/")[3:]:
-            raise ValueError("the prefix may not hold '..'")
-        return v
-
-    @field_validator("dst")
-    @classmethod
-    def _dst(cls, v: str) -> str:
-        p = Path(v)
-        if not v or p.is_absolute() or ".." in p.parts:
-            raise ValueError("must be a folder inside the workdir, relative, without '..' (e.g. data)")
-        return p.as_posix()
-
-    @model_validator(mode="after")
-    def _not_whole_workdir(self) -> DataEntry:
-        if self.delete and self.dst == ".":
-            raise ValueError("dst: '.' with delete: true would delete the whole workdir; name a folder (e.g. data)")
-        return self
-
-
 class Job(_Model):
     workdir: str = Field(".", description="local folder copied to every node; `~` is expanded; relative to "
                          "the spec file's folder")
@@ -183,7 +139,7 @@ class Job(_Model):
                                   "see [job.data](#jobdata)")
     max_restarts: Int = Field(0, ge=0, le=100, description="torchrun's `--max_restarts`")
     checkpoint_store: Annotated[str | None, AfterValidator(check_store),
-                                _no_credentials("job.checkpoint_store")] = Field(
+                                no_credentials("job.checkpoint_store")] = Field(
         None, description="`s3://bucket[/prefix]` or `gs://…`: nodes upload checkpoints there and restore from it; "
         "see docs/durable.md")
     python: str | None = Field(None, description="interpreter on the nodes (default: python3; local: this one)")
@@ -241,12 +197,8 @@ class Job(_Model):
                 raise ValueError(why)
             if k in HOST_ENV:
                 raise ValueError(f"{k!r} would send this machine's {k} to the nodes; set it in job.env instead")
-        if len(set(v)) != len(v):
-            from collections import Counter
-
-            twice = sorted(k for k, n in Counter(v).items() if n > 1)
-            more = f" and {len(twice) - 5} more" if len(twice) > 5 else ""
-            raise ValueError(f"{twice[:5]}{more} given more than once")
+        if twice := duplicates(v):
+            raise ValueError(f"{twice} given more than once")
         return v
 
     @model_validator(mode="after")
@@ -257,12 +209,7 @@ class Job(_Model):
             raise ValueError("job.image_credentials and job.container need job.image (the image to run)")
         return self
 
-    @field_validator("workdir", "run", "checkpoint_dir", "setup", "python")
-    @classmethod
-    def _no_nul(cls, v: str | None) -> str | None:
-        if v is not None and "\x00" in v:
-            raise ValueError("holds a NUL byte")
-        return v
+    _no_nul = field_validator("workdir", "run", "checkpoint_dir", "setup", "python")(no_nul)
 
     @field_validator("checkpoint_dir")
     @classmethod
@@ -485,10 +432,7 @@ def parse_spec(data: Any, *, base_dir: str | None = None, source: str = "spec") 
             f"{source}: the top level must be a mapping of fields, got {type(data).__name__}",
             hint="start with `name: demo`", field="spec",
         )
-    for k in data:
-        if not isinstance(k, str):
-            raise ConfigError(f"{source}: key {k!r} is not a field name", hint="start with `name: demo`",
-                              field="spec")
+    check_keys(data, source)
     try:
         spec = ClusterSpec.model_validate({**data, "base_dir": base_dir})
     except ValidationError as e:
@@ -506,10 +450,7 @@ def load_spec(path: str | os.PathLike[str], *, name: str | None = None) -> Clust
         raise ConfigError(f"spec file {str(p)!r} is a directory, not a spec file",
                           hint=f"did you mean {inside}?" if inside else "pass the path to a YAML spec file",
                           field="SPEC")
-    if p.exists() and not p.is_file():
-        kind = "a FIFO" if p.is_fifo() else "a device" if p.is_char_device() or p.is_block_device() else "not a file"
-        raise ConfigError(f"spec file {str(p)!r} is {kind}, not a regular file", field="SPEC",
-                          hint="pass the path to a YAML spec file (a pipe would be read while the command waits)")
+    check_spec_file(p)
     if not p.is_file():
         raise ConfigError(f"spec file {str(p)!r} does not exist", hint="pass the path to a YAML spec", field="SPEC")
     try:
