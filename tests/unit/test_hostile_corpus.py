@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from gtrain.cli.app import main
+from gtrain.signals import HANDLED
 
 B = "name: demo\n"
 JOB = "name: demo\njob:\n  workdir: wd\n  run: train.py\n"
@@ -310,6 +312,7 @@ def _cli(argv: tuple[str, ...]) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     old = sys.argv
     sys.argv = ["gtrain", *argv]
+    handlers = {s: signal.getsignal(s) for s in HANDLED}  # main() installs gtrain's: pytest keeps its own
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
@@ -319,6 +322,8 @@ def _cli(argv: tuple[str, ...]) -> tuple[int, str, str]:
                 code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     finally:
         sys.argv = old
+        for s, h in handlers.items():
+            signal.signal(s, h)
     return code, out.getvalue(), err.getvalue()
 
 
