@@ -155,21 +155,24 @@ def down(name: str, ctx: Context, *, yes: bool = True) -> DownResult:
     from gtrain import signals
     from gtrain.locks import cluster_lock
 
-    cluster = ctx.store.find_cluster(name)
-    if cluster is None:
+    if ctx.store.find_cluster(name) is None:  # no lock file for a name that was never a cluster
         raise ClusterNotFound(name)
-    provider = ctx.provider(cluster.provider)
-    if cluster.status == "terminated":
-        return DownResult(name, True, cluster_cost(ctx.store, cluster, provider))
-    from gtrain.checkpoints.safety import check_down
+    with cluster_lock(ctx.store.home, name, "down"):
+        # looked up again under the lock: an `up` of this name that held it may have made a new cluster
+        cluster = ctx.store.find_cluster(name)
+        if cluster is None:
+            raise ClusterNotFound(name)
+        provider = ctx.provider(cluster.provider)
+        if cluster.status == "terminated":
+            return DownResult(name, True, cluster_cost(ctx.store, cluster, provider))
+        from gtrain.checkpoints.safety import check_down
 
-    unsafe = check_down(cluster, ctx, yes=yes)  # checkpoints in the store; refused when the newest is not
-    with cluster_lock(ctx.store.home, name, "down"), \
-            signals.deferred(lambda _s: ctx.report.warn("finishing the teardown first: nothing is left "
-                                                        "half-deleted")):
-        warnings = unsafe + _teardown(ctx, provider, cluster)
-        cluster = ctx.store.get_cluster_by_id(cluster.id)
-        report = cluster_cost(ctx.store, cluster, provider, persist=True)
+        unsafe = check_down(cluster, ctx, yes=yes)  # checkpoints in the store; refused when the newest is not
+        with signals.deferred(lambda _s: ctx.report.warn("finishing the teardown first: nothing is left "
+                                                         "half-deleted")):
+            warnings = unsafe + _teardown(ctx, provider, cluster)
+            cluster = ctx.store.get_cluster_by_id(cluster.id)
+            report = cluster_cost(ctx.store, cluster, provider, persist=True)
     return DownResult(name, False, report, warnings)
 
 

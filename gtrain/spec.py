@@ -36,6 +36,7 @@ from gtrain.containers.options import ContainerOptions, ImageCredentials, check_
 from gtrain.errors import ConfigError, dotted_path
 from gtrain.health.model import PREFLIGHT_PATTERN, MinGpuUtil
 from gtrain.jobs.launchers import options as launchers
+from gtrain.specdata import MAX_PROBLEMS, DataEntry, check_keys, check_spec_file, duplicates, no_credentials, no_nul
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$|^[a-z]$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -118,29 +119,6 @@ class Resources(_Model):
         return [self.region] if self.region else []
 
 
-class DataEntry(_Model):
-    """A dataset the nodes download at launch, with their own credentials (an instance role on a cloud)."""
-
-    src: str = Field(..., description="`s3://bucket[/prefix]` or `gs://bucket[/prefix]`")
-    dst: str = Field(..., description="folder inside the workdir: relative, no `..`")
-    delete: bool = Field(False, description="mirror: remove files under `dst` that `src` lacks")
-
-    @field_validator("src")
-    @classmethod
-    def _src(cls, v: str) -> str:
-        if not re.match(r"^(s3|gs|az)://[a-z0-9][a-z0-9._-]{1,221}(/.*)?$", v):
-            raise ValueError("must be s3://bucket[/prefix], gs://bucket[/prefix] or az://container[/prefix]")
-        return v
-
-    @field_validator("dst")
-    @classmethod
-    def _dst(cls, v: str) -> str:
-        p = Path(v)
-        if not v or p.is_absolute() or ".." in p.parts:
-            raise ValueError("must be a folder inside the workdir, relative, without '..' (e.g. data)")
-        return p.as_posix()
-
-
 class Job(_Model):
     workdir: str = Field(".", description="local folder copied to every node; `~` is expanded; relative to "
                          "the spec file's folder")
@@ -160,7 +138,8 @@ class Job(_Model):
     data: list[DataEntry] = Field(default_factory=list, description="datasets each node downloads at launch; "
                                   "see [job.data](#jobdata)")
     max_restarts: Int = Field(0, ge=0, le=100, description="torchrun's `--max_restarts`")
-    checkpoint_store: Annotated[str | None, AfterValidator(check_store)] = Field(
+    checkpoint_store: Annotated[str | None, AfterValidator(check_store),
+                                no_credentials("job.checkpoint_store")] = Field(
         None, description="`s3://bucket[/prefix]` or `gs://…`: nodes upload checkpoints there and restore from it; "
         "see docs/durable.md")
     python: str | None = Field(None, description="interpreter on the nodes (default: python3; local: this one)")
@@ -218,8 +197,8 @@ class Job(_Model):
                 raise ValueError(why)
             if k in HOST_ENV:
                 raise ValueError(f"{k!r} would send this machine's {k} to the nodes; set it in job.env instead")
-        if len(set(v)) != len(v):
-            raise ValueError(f"{sorted({k for k in v if v.count(k) > 1})} given more than once")
+        if twice := duplicates(v):
+            raise ValueError(f"{twice} given more than once")
         return v
 
     @model_validator(mode="after")
@@ -229,6 +208,8 @@ class Job(_Model):
         if self.image is None and (self.image_credentials is not None or self.container is not None):
             raise ValueError("job.image_credentials and job.container need job.image (the image to run)")
         return self
+
+    _no_nul = field_validator("workdir", "run", "checkpoint_dir", "setup", "python")(no_nul)
 
     @field_validator("checkpoint_dir")
     @classmethod
@@ -414,7 +395,8 @@ def translate_validation_error(err: ValidationError, model: type[BaseModel] = Cl
     lines: list[str] = []
     first_field: str | None = None
     hint: str | None = None
-    for e in err.errors():
+    errors = err.errors(include_url=False)
+    for e in errors[:MAX_PROBLEMS]:
         loc = tuple(x for x in e["loc"] if not (isinstance(x, str) and x.startswith("function-")))
         path = _loc(loc)
         first_field = first_field or path
@@ -437,6 +419,8 @@ def translate_validation_error(err: ValidationError, model: type[BaseModel] = Cl
             value = e.get("input")
             # a rule over a whole mapping (a provider section, secrets vs env) names no single value
             lines.append(f"{path}: {msg}" if isinstance(value, dict) else f"{path}: {_short(value)} — {msg}")
+    if len(errors) > MAX_PROBLEMS:  # 24,000 unknown keys: the first few and a count, not a 3 MB line
+        lines.append(f"and {len(errors) - MAX_PROBLEMS} more problem(s)")
     return ConfigError("invalid spec: " + "; ".join(lines), hint=hint, field=first_field)
 
 
@@ -448,6 +432,7 @@ def parse_spec(data: Any, *, base_dir: str | None = None, source: str = "spec") 
             f"{source}: the top level must be a mapping of fields, got {type(data).__name__}",
             hint="start with `name: demo`", field="spec",
         )
+    check_keys(data, source)
     try:
         spec = ClusterSpec.model_validate({**data, "base_dir": base_dir})
     except ValidationError as e:
@@ -465,6 +450,7 @@ def load_spec(path: str | os.PathLike[str], *, name: str | None = None) -> Clust
         raise ConfigError(f"spec file {str(p)!r} is a directory, not a spec file",
                           hint=f"did you mean {inside}?" if inside else "pass the path to a YAML spec file",
                           field="SPEC")
+    check_spec_file(p)
     if not p.is_file():
         raise ConfigError(f"spec file {str(p)!r} does not exist", hint="pass the path to a YAML spec", field="SPEC")
     try:

@@ -30,6 +30,12 @@ def gc(
     if provider not in sweepable:
         raise ConfigError(f"--provider {provider}: gc knows {' and '.join(sweepable)}", field="--provider")
     scope = _gc_scope(provider) or "region"
+    import re
+
+    for r in region or []:
+        if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,62}", r):
+            raise ConfigError(f"--region {r!r}: not a {scope} name (lower-case letters, digits and '-')",
+                              field="--region", hint="e.g. --region us-east-1 (gcp: a zone, us-central1-a)")
     from gtrain.state import StateStore
 
     store = StateStore()

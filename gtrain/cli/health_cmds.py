@@ -79,6 +79,12 @@ def top(
     """A live view of every node's GPUs: utilisation, memory, temperature, power, steps/s."""
     import time
 
+    if not 0.2 <= interval <= 3600:  # click's min= lets NaN through (every comparison with it is false)
+        from gtrain.errors import ConfigError
+
+        raise ConfigError(f"--interval {interval}: must be a number of seconds from 0.2 to 3600", field="--interval",
+                          hint="e.g. --interval 2")
+
     if once:
         show_gpus(cluster, False)
         return

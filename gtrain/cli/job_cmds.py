@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from gtrain.cli import output as out
-from gtrain.cli.params import CLUSTER, JOB, JSON, NAME, SPEC, YES_PAID, confirm_price, non_negative
+from gtrain.cli.params import CLUSTER, JOB, JSON, NAME, SPEC, YES_PAID, check_dest, confirm_price, non_negative
 
 REPLACE_BAD = typer.Option(False, "--replace-bad", help="Preflight (policies.preflight, else quick): replace a "
                            "failed cloud node by a new one and check again, once.")
@@ -103,6 +103,7 @@ def pull(
     import gtrain.api as api
 
     non_negative("--node", node)
+    check_dest("--to", to)
     res = api.pull(cluster, job_id=job, to=to, node=node, report=out.CLIReporter())
     if json_:
         out.emit_json(res.to_dict())

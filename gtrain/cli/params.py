@@ -49,3 +49,30 @@ def confirm_price(spec: Any, yes: bool, report: Any) -> None:
     plan = api.up(spec, dry_run=True, report=report).plan
     confirm(f"Create {plan.num_nodes} {plan.instance_type} node(s) at {out.fmt_usd(plan.cluster_price_per_hour)}/h?",
             yes)
+
+
+#: folders of the kernel's own: nothing gtrain writes belongs there
+SYSTEM_DIRS = ("/proc", "/sys", "/dev")
+
+
+def check_dest(flag: str, value: str | None) -> None:
+    """A destination folder flag (``--to DIR``) that cannot work: exit 2 naming the flag, before any work."""
+    import os
+
+    from gtrain.errors import ConfigError
+
+    if value is None:
+        return
+    hint = "name a folder you can write (it is created if missing)"
+    if not value.strip() or "\x00" in value:
+        raise ConfigError(f"{flag} {value!r}: {'holds a NUL byte' if value.strip() else 'is empty'}", field=flag,
+                          hint=hint)
+    path = os.path.abspath(os.path.expanduser(value))
+    for d in SYSTEM_DIRS:
+        if path == d or path.startswith(d + "/"):
+            raise ConfigError(f"{flag} {value!r}: is under {d}, a system folder", field=flag, hint=hint)
+    up = path
+    while not os.path.lexists(up):
+        up = os.path.dirname(up)
+    if up != path and not os.path.isdir(up):
+        raise ConfigError(f"{flag} {value!r}: {up!r} is a file, not a folder", field=flag, hint=hint)

@@ -7,7 +7,7 @@ import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gtrain.errors import GtrainError
 
@@ -95,6 +95,13 @@ class MinGpuUtil(BaseModel):
     """``policies.min_gpu_util``: GPUs idle while the money runs."""
 
     model_config = ConfigDict(extra="forbid")
+
+    @field_validator("percent", "minutes", mode="before")
+    @classmethod
+    def _not_bool(cls, v: Any) -> Any:  # YAML's `true` is not the number 1
+        if isinstance(v, bool):
+            raise ValueError("is a boolean, not a number")
+        return v
 
     percent: float = Field(10, ge=0, le=100, allow_inf_nan=False,
                            description="a GPU under this utilisation (%) counts as idle")

@@ -39,11 +39,21 @@ def check_job(spec: ClusterSpec) -> tuple[Job, str]:
     if not argv:
         raise ConfigError("job.run: no script given", hint="e.g. run: train.py --steps 50", field="job.run")
     script = argv[0]
+    if not script.startswith("-") and ".." in script.split("/"):
+        raise ConfigError(f"job.run: script {script!r} is outside the workdir ('..')",
+                          hint="only job.workdir is copied to the nodes: move the script into it", field="job.run")
     if not script.startswith("-") and not os.path.isabs(script) and not (workdir / script).is_file():
         raise ConfigError(
             f"job.run: script {script!r} not found in workdir {str(workdir)!r}",
             hint="job.run starts with a path relative to job.workdir, e.g. train.py", field="job.run",
         )
+    ckpt = workdir / job.checkpoint_dir
+    if ckpt.exists() and not ckpt.is_dir():
+        raise ConfigError(f"job.checkpoint_dir: {job.checkpoint_dir!r} is a file in the workdir, not a folder",
+                          hint="name a folder (default: checkpoints)", field="job.checkpoint_dir")
+    from gtrain.jobs.nodescript import launcher_of
+
+    launcher_of(spec, job)  # the launcher's own checks (its config file): `run` makes them before `up`
     missing = [n for n in job.secrets if n not in os.environ]
     if missing:
         raise ConfigError(f"job.secrets: {', '.join(missing)} not set in this environment",

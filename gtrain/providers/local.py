@@ -25,6 +25,10 @@ class LocalProvider(Provider):
         return self.store.home / "clusters" / name
 
     def plan(self, spec: ClusterSpec) -> Plan:
+        if section := spec.section("local"):
+            first = next(iter(section))
+            raise ConfigError(f"invalid spec: local.{first}: unknown field — the local provider has no options",
+                              hint="remove the `local:` section", field=f"local.{first}")
         if spec.num_nodes > MAX_LOCAL_NODES:
             raise ConfigError(
                 f"num_nodes: {spec.num_nodes} — the local provider runs at most {MAX_LOCAL_NODES} nodes "

@@ -26,7 +26,38 @@ if TYPE_CHECKING:
     from gtrain.spec import ClusterSpec
     from gtrain.state import Cluster, CostInterval
 
-_HOST_RE = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?P<host>\[[0-9a-fA-F:.]+\]|[^:\s@\[\]]+)(?::(?P<port>\d+))?$")
+#: a user or host name: letters, digits, `.`, `_`, `-`, not starting with `-` (ssh would read it as an option)
+NAME = r"[A-Za-z0-9_][A-Za-z0-9._-]*"
+_NAME_RE = re.compile(rf"^{NAME}$")
+_HOST_RE = re.compile(rf"^(?:(?P<user>{NAME})@)?(?P<host>\[[0-9a-fA-F:.]+\]|{NAME})(?::(?P<port>\d+))?$")
+
+
+def not_bool(v: Any) -> Any:
+    """YAML's `true` is not port 1 (pydantic would take it as one)."""
+    if isinstance(v, bool):
+        raise ValueError("is a boolean, not a number")
+    return v
+
+
+def one_line(v: str | None) -> str | None:
+    """A path or command that goes into a shell line: no NUL, newline or other control character."""
+    if v is not None and any(c < " " or c == "\x7f" for c in v):
+        raise ValueError("holds a control character (a newline, NUL, ...)")
+    return v
+
+
+def check_jump(v: str | None) -> str | None:
+    """``[user@]host[:port]``: what ssh -J takes, never an option."""
+    if v is not None and not _HOST_RE.match(v):
+        raise ValueError("is not [USER@]HOST[:PORT] (letters, digits, '.', '_', '-', not starting with '-')")
+    return v
+
+
+def check_name(v: str | None) -> str | None:
+    """A user or host name ssh cannot take for an option or a second line."""
+    if v is not None and not (_NAME_RE.match(v) or re.match(r"^[0-9a-fA-F:.]+$", v) and ":" in v):
+        raise ValueError("must be letters, digits, '.', '_' and '-', not starting with '-'")
+    return v
 
 
 class HostEntry(BaseModel):
@@ -36,6 +67,9 @@ class HostEntry(BaseModel):
     port: int | None = Field(None, ge=1, le=65535)
     identity_file: str | None = None
     address: str | None = Field(None, description="the address the other nodes reach this one on")
+
+    _names = field_validator("host", "user", "address")(check_name)
+    _port = field_validator("port", mode="before")(not_bool)
 
 
 class SSHSection(BaseModel):
@@ -67,6 +101,11 @@ class SSHSection(BaseModel):
             else:
                 out.append(item)
         return out
+
+    _user = field_validator("user")(check_name)
+    _lines = field_validator("identity_file", "proxy_command", "python")(one_line)
+    _jump = field_validator("proxy_jump")(check_jump)
+    _port = field_validator("port", mode="before")(not_bool)
 
     @field_validator("proxy_command")
     @classmethod

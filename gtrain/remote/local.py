@@ -57,13 +57,18 @@ class LocalRunner(Runner):
         timer = threading.Timer(timeout, p.kill) if timeout else None
         if timer:
             timer.start()
+        done = False
         try:
             for raw in p.stdout:
                 on_line(raw.decode(errors="replace").rstrip("\n"))
+            # End of output is not the end of the process: it may still be exiting (or run on with its
+            # output closed). Wait for it; only the timer (or an error here) kills it.
+            p.wait()
+            done = True
         finally:
             if timer:
                 timer.cancel()
-            if p.poll() is None:
+            if not done and p.poll() is None:
                 p.kill()
             p.wait()
             p.stdout.close()

@@ -77,6 +77,11 @@ def parse_location(value: str, fld: str) -> Path | RemoteURL:
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"{fld} is empty", hint="give a local directory or s3://BUCKET/PREFIX or gs://BUCKET/PREFIX",
                           field=fld)
+    cred = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://[^/]*@", value)
+    if cred:  # never repeated: the part before '@' is a key or a password
+        raise ConfigError(f"{fld} {cred.group(1)}://***@...: credentials in a URL are refused (not shown here)",
+                          hint="give credentials in the environment (AWS_ACCESS_KEY_ID, a profile, "
+                               "GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_KEY), never in the URL", field=fld)
     m = _URL_RE.match(value)
     if m is None:
         if _LOOKS_LIKE_URL_RE.match(value):

@@ -141,6 +141,20 @@ def test_accelerate_trains_two_by_two(cluster: str, work: Path, gtrain_home: Pat
     assert all("/4 world 4 type MULTI_CPU" in ln.text for ln in out)
 
 
+def test_accelerate_without_a_config_file_on_cpu_nodes_trains_one_model(cluster: str, work: Path,
+                                                                        gtrain_home: Path) -> None:
+    """No config file and no GPU: every rank is one MULTI_CPU job (with --multi_gpu alone, Accelerate reports
+    DistributedType.NO on every rank: four separate models)."""
+    _need("accelerate")
+    (work / "accprobe.py").write_text(  # a user's script: Accelerator() as it comes, no cpu=True
+        "from accelerate import Accelerator\nacc = Accelerator()\n"
+        "print(f'accprobe {acc.process_index}/{acc.num_processes} {acc.distributed_type.value}', flush=True)\n")
+    final, lines = run(spec(work, "accelerate", "accprobe.py"))
+    out = [ln.text for ln in lines if ln.text.startswith("accprobe ")]
+    assert (final.status, final.exit_code) == ("succeeded", 0), [ln.text for ln in lines][-20:]
+    assert sorted(out) == [f"accprobe {r}/4 MULTI_CPU" for r in range(4)], out
+
+
 def test_jax_psum_across_two_nodes(cluster: str, work: Path, gtrain_home: Path) -> None:
     _need("jax")
     final, lines = run(spec(work / "jax", "jax", "train.py --steps 3", nproc=None))

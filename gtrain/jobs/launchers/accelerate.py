@@ -27,13 +27,16 @@ class Accelerate(Launcher):
     starter = "accelerate launch (torchrun underneath)"
 
     def _config(self, path: Path) -> dict[str, Any]:
-        import yaml
+        from gtrain import specyaml
 
         try:
-            data = yaml.safe_load(path.read_text())
-        except (OSError, yaml.YAMLError) as e:
+            # the spec's loader: its limits (depth, size, aliases, long numbers) hold for this file too
+            data = specyaml.load(path.read_text(), f"job.accelerate.config_file {path.name!r}")
+        except (OSError, UnicodeDecodeError) as e:
             raise ConfigError(f"job.accelerate.config_file: cannot read {path.name!r}: {e}",
                               field="job.accelerate.config_file") from None
+        except ConfigError as e:
+            raise ConfigError(e.message, hint=e.hint, field="job.accelerate.config_file") from None
         if not isinstance(data, dict):
             raise ConfigError(f"job.accelerate.config_file: {path.name!r} is not a mapping of accelerate settings",
                               hint="write it with `accelerate config`", field="job.accelerate.config_file")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -13,7 +14,8 @@ if TYPE_CHECKING:
     from gtrain.spec import ClusterSpec
 
 _TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d{1,2}))?(?::(\d{1,2}))?$")
-_LOGIN_RE = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?P<host>\[[0-9a-fA-F:.]+\]|[^:\s@\[\]]+)(?::(?P<port>\d+))?$")
+_NAME = r"[A-Za-z0-9_][A-Za-z0-9._-]*"  # no leading '-', no '$(...)', no spaces or newlines
+_LOGIN_RE = re.compile(rf"^(?:(?P<user>{_NAME})@)?(?P<host>\[[0-9a-fA-F:.]+\]|{_NAME})(?::(?P<port>\d+))?$")
 #: #SBATCH options gtrain writes itself: extra_sbatch may not give them again
 OWNED = ("job-name", "nodes", "N", "ntasks-per-node", "output", "o", "error", "e", "open-mode", "partition", "p",
          "account", "A", "qos", "q", "time", "t", "constraint", "C", "exclusive", "requeue", "no-requeue",
@@ -53,6 +55,21 @@ class SlurmOptions(BaseModel):
                                           "until `down`; each launch runs as a step in it (the held time is "
                                           "charged)")
 
+    @field_validator("rate_per_gpu_hour", mode="before")
+    @classmethod
+    def _rate(cls, v: Any) -> Any:
+        if isinstance(v, bool) or isinstance(v, float) and not math.isfinite(v):
+            raise ValueError("is not a finite number of dollars")
+        return v
+
+    @field_validator("login_identity_file", "login_host_key", "partition", "account", "qos", "constraint",
+                     "shared_dir", "conf", "python")
+    @classmethod
+    def _one_line(cls, v: str | None) -> str | None:
+        if v is not None and any(c < " " or c == "\x7f" for c in v):
+            raise ValueError("holds a control character (a newline, NUL, ...)")
+        return v
+
     @field_validator("time")
     @classmethod
     def _time(cls, v: str | None) -> str | None:
@@ -64,7 +81,8 @@ class SlurmOptions(BaseModel):
     @classmethod
     def _login(cls, v: str | None) -> str | None:
         if v is not None and not _LOGIN_RE.match(v):
-            raise ValueError("is not USER@HOST or USER@HOST:PORT")
+            raise ValueError("is not USER@HOST or USER@HOST:PORT (letters, digits, '.', '_', '-', not starting "
+                             "with '-')")
         return v
 
     @field_validator("signal")
@@ -81,9 +99,9 @@ class SlurmOptions(BaseModel):
             opt = line.strip()
             if opt.startswith("#SBATCH"):
                 opt = opt[len("#SBATCH"):].strip()
-            if not opt.startswith("-") or "\n" in opt:
-                raise ValueError(f"{line!r} is not one sbatch option (e.g. --mem=0)")
-            name = opt.lstrip("-").split("=", 1)[0].split()[0]
+            name = opt.lstrip("-").split("=", 1)[0].split(" ", 1)[0]
+            if not opt.startswith("-") or not name or any(c < " " or c == "\x7f" for c in opt):
+                raise ValueError(f"{line!r} is not one sbatch option on one line (e.g. --mem=0)")
             if name in OWNED:
                 raise ValueError(f"{line!r}: gtrain writes --{name} itself (use the slurm.* field for it)")
         return v
