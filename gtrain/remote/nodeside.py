@@ -266,13 +266,50 @@ def pull_manifest(root: str, under: str = "") -> dict[str, object]:
     return {"refused": None, "files": manifest(path)}
 
 
+ROOT_MARKER = ".gtrain-root"
+# what gtrain makes in a node's root; `down` removes these and nothing else
+_ROOT_OWN = ("workdir", "jobs", "gtrain-sync.pyz", "gtrain-ckpt.pyz", ROOT_MARKER)
+
+
+def root_problem(root: str) -> str | None:
+    """Why ``root`` cannot be gtrain's directory on this host, or None: ``/``, a home or a folder above one,
+    a link, a file, or a non-empty folder gtrain did not make (no marker)."""
+    path = os.path.abspath(os.path.expanduser(root))
+    home = os.path.abspath(os.path.expanduser("~"))
+    if path == "/" or path == home or home.startswith(path.rstrip("/") + "/"):
+        return f"{path} is / or a home folder (or holds one)"
+    if os.path.islink(path):
+        return f"{path} is a symlink"
+    if os.path.lexists(path):
+        if not os.path.isdir(path):
+            return f"{path} exists and is not a folder"
+        if os.listdir(path) and not os.path.isfile(os.path.join(path, ROOT_MARKER)):
+            return f"{path} already holds files gtrain did not make (no {ROOT_MARKER} marker)"
+    return None
+
+
 def remove_tree(path: str) -> bool:
+    """Remove what gtrain made in its root (workdir, jobs, bundles, marker), then the root if it is left
+    empty; anything else there stays. A root that is /, a home or a link is not touched."""
     import shutil
 
-    if os.path.lexists(path):
-        shutil.rmtree(path, ignore_errors=True)
-        return True
-    return False
+    full = os.path.abspath(os.path.expanduser(path))
+    home = os.path.abspath(os.path.expanduser("~"))
+    if full == "/" or full == home or home.startswith(full.rstrip("/") + "/") or os.path.islink(full):
+        return False
+    if not os.path.isdir(full):
+        return False
+    for name in _ROOT_OWN:
+        p = os.path.join(full, name)
+        if os.path.isdir(p) and not os.path.islink(p):
+            shutil.rmtree(p, ignore_errors=True)
+        elif os.path.lexists(p):
+            os.unlink(p)
+    try:
+        os.rmdir(full)
+    except OSError:
+        pass
+    return True
 
 
 def _tail_offset(path: str, lines: int) -> int:
@@ -395,6 +432,9 @@ def probe(root: str, check_torch: str = "1") -> dict[str, object]:
     home = os.path.expanduser("~")
     out["free_gb"] = round(shutil.disk_usage(home).free / 1e9, 1)
     out["root"] = os.path.expanduser(root)
+    problem = root_problem(root)
+    if problem:
+        out["root_error"] = problem
     return out
 
 
