@@ -96,7 +96,9 @@ def write_report(ctx: Context, cluster: Cluster, job: Job, out: Path | None = No
     path = Path(out) if out is not None else default_report_path(cluster.name, next_to)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(render_report(run), encoding="utf-8")
+    from gtrain.redact import scrub
+
+    tmp.write_text(scrub(render_report(run)), encoding="utf-8")
     os.replace(tmp, path)
     ctx.report.info(f"report: {path}")
     return path
