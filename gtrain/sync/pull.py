@@ -96,6 +96,25 @@ def safe_rel(name: str) -> str:
     return norm
 
 
+def check_dest(path: Path) -> None:
+    """Refuse (exit 2, naming ``--to``) a destination a pull could not write: one that exists and is not a
+    folder, lies under a file, or whose nearest existing folder is not writable. Cheap: `run` calls it before
+    anything is created."""
+    text = str(path)
+    if os.path.lexists(path) and not path.is_dir():
+        raise ConfigError(f"--to {text!r}: exists and is not a folder", field="--to",
+                          hint="name a folder (it is created if missing)")
+    probe = Path(os.path.abspath(path))
+    while not os.path.lexists(probe) and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"--to {text!r}: a part of it ({str(probe)!r}) is a file, not a folder", field="--to",
+                          hint="name a folder (it is created if missing)")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"--to {text!r}: {str(probe)!r} is not writable", field="--to",
+                          hint="name a folder you can write")
+
+
 class _Dest:
     """DEST, opened one directory at a time without following a symlink anywhere below it."""
 
@@ -104,9 +123,7 @@ class _Dest:
         self.created = not os.path.lexists(path)
         self._fd: int | None = None
         self._lock = threading.Lock()
-        if os.path.lexists(path) and not path.is_dir():
-            raise ConfigError(f"--to {str(path)!r}: exists and is not a folder", field="--to",
-                              hint="name a folder (it is created if missing)")
+        check_dest(path)
 
     def root(self, create: bool) -> int | None:
         with self._lock:
