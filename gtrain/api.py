@@ -158,7 +158,7 @@ def pull(cluster: str, *, job_id: str | None = None, to: str | os.PathLike[str] 
             from gtrain.checkpoints.ship import pull_from_store
 
             ctx.report.info(f"pulling {ckpt}/ from the store {job.info['checkpoint_store']}/{job.id} to {dest}")
-            return pull_from_store(job, dest)
+            return pull_from_store(job, dest, ctx.report)
         picked = range(len(runners)) if node is None else [node]
         ctx.report.info(f"pulling {ckpt}/ from {'every node' if node is None else f'node {node}'} to {dest}")
         res = pull_dir([(i, runners[i], f"{runners[i].root}/workdir/{ckpt}") for i in picked], dest,

@@ -155,7 +155,7 @@ def store_checkpoints(job: JobRecord) -> list[dict[str, Any]] | None:
         st.close()
 
 
-def pull_from_store(job: JobRecord, dest: Path) -> PullResult:
+def pull_from_store(job: JobRecord, dest: Path, report: Reporter | None = None) -> PullResult:
     """``gtrain pull`` of a job with a store: every complete checkpoint, straight from the store (no node is
     asked; each file verified by sha256)."""
     from gtrain.checkpoints.store import Store
@@ -170,11 +170,24 @@ def pull_from_store(job: JobRecord, dest: Path) -> PullResult:
             raise SyncError(f"{st.where}: no complete checkpoint in the store yet")
         dest.mkdir(parents=True, exist_ok=True)
         for ckpt in done:
-            got, kept, nbytes = st.restore(ckpt, dest)
+            why = st.problem(ckpt)
+            if why is None:
+                try:
+                    got, kept, nbytes = st.restore(ckpt, dest)
+                except SyncError as e:
+                    why = e.message
+            if why is not None:  # a tampered or torn checkpoint: refused, the others still come
+                res.refused.append({"name": ckpt.name, "why": why})
+                if report is not None:
+                    report.warn(f"checkpoint {ckpt.name} refused, not pulled: {why}")
+                continue
             res.transferred += got
             res.skipped += kept
             res.bytes += nbytes
             res.nodes = sorted(set(res.nodes) | set(ckpt.manifests))
+        if len(res.refused) == len(done):
+            raise SyncError(f"{st.where}: every complete checkpoint was refused: "
+                            + "; ".join(f"{r['name']}: {r['why']}" for r in res.refused))
         res.files = len(res.transferred) + len(res.skipped)
         res.seconds = time.monotonic() - t0
         return res

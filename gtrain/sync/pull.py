@@ -62,11 +62,16 @@ class PullResult:
     seconds: float = 0.0
     #: names whose contents differ between nodes: {"path", "nodes", "kept": [DEST-relative names]}
     conflicts: list[dict[str, Any]] = field(default_factory=list)
+    #: checkpoints of the store not pulled: {"name", "why"} (a tampered or torn checkpoint)
+    refused: list[dict[str, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"dest": self.dest, "nodes": self.nodes, "files": self.files, "transferred": self.transferred,
-                "skipped": self.skipped, "resumed": self.resumed, "bytes": self.bytes,
-                "seconds": round(self.seconds, 3), "conflicts": self.conflicts}
+        doc = {"dest": self.dest, "nodes": self.nodes, "files": self.files, "transferred": self.transferred,
+               "skipped": self.skipped, "resumed": self.resumed, "bytes": self.bytes,
+               "seconds": round(self.seconds, 3), "conflicts": self.conflicts}
+        if self.refused:
+            doc["refused"] = self.refused
+        return doc
 
 
 def default_pull_dest(cluster: str, checkpoint_dir: str) -> Path:
