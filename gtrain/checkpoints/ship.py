@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shlex
 import time
 import zipfile
@@ -158,8 +159,8 @@ def store_checkpoints(job: JobRecord) -> list[dict[str, Any]] | None:
 def pull_from_store(job: JobRecord, dest: Path, report: Reporter | None = None) -> PullResult:
     """``gtrain pull`` of a job with a store: every complete checkpoint, straight from the store (no node is
     asked; each file verified by sha256)."""
-    from gtrain.checkpoints.store import Store
-    from gtrain.sync.pull import PullResult
+    from gtrain.checkpoints.store import LinkInDest, Store
+    from gtrain.sync.pull import MARKER, MARKER_TEXT, PullResult, check_dest
 
     st = Store(str(job.info["checkpoint_store"]), job.id)
     t0 = time.monotonic()
@@ -168,12 +169,18 @@ def pull_from_store(job: JobRecord, dest: Path, report: Reporter | None = None) 
         done = [c for c in st.checkpoints() if c.complete]
         if not done:
             raise SyncError(f"{st.where}: no complete checkpoint in the store yet")
+        check_dest(dest)
+        created = not os.path.lexists(dest)
         dest.mkdir(parents=True, exist_ok=True)
+        if created:  # as a pull from the nodes: a folder gtrain made is never synced to the nodes
+            (dest / MARKER).write_bytes(MARKER_TEXT)
         for ckpt in done:
             why = st.problem(ckpt)
             if why is None:
                 try:
-                    got, kept, nbytes = st.restore(ckpt, dest)
+                    got, kept, nbytes = st.restore(ckpt, dest, no_links=True)
+                except LinkInDest:
+                    raise
                 except SyncError as e:
                     why = e.message
             if why is not None:  # a tampered or torn checkpoint: refused, the others still come

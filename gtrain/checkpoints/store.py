@@ -33,6 +33,21 @@ from gtrain.sync.model import Backend, RemoteObject, RemoteURL
 META_DIR = ".gtrain"
 
 
+class LinkInDest(SyncError):
+    """A symlink under the destination a restore would write through: the pull stops (never a refused
+    checkpoint; the store is fine, the destination is not)."""
+
+
+def _no_link(dest: Path, rel: str) -> None:
+    p = dest
+    for part in rel.split("/"):
+        p = p / part
+        if os.path.islink(p):
+            raise LinkInDest(f"refusing to pull into {dest}: {p} is a symlink (to {os.readlink(p)!r})",
+                             hint="gtrain never writes through a symlink under the destination: remove it, "
+                                  "or pull --to another folder")
+
+
 def _noop(_n: int) -> None:
     return None
 
@@ -212,9 +227,10 @@ class Store:
             skipped.append((ckpt.name, why))
         return None, [], [], 0
 
-    def restore(self, ckpt: Checkpoint, dest: Path) -> tuple[list[str], list[str], int]:
+    def restore(self, ckpt: Checkpoint, dest: Path, *, no_links: bool = False) -> tuple[list[str], list[str], int]:
         """Put every node's files of ``ckpt`` under ``dest`` (verified by sha256, through a temp file and a
-        rename; files already there and identical are kept). Returns (downloaded, kept, bytes)."""
+        rename; files already there and identical are kept). Returns (downloaded, kept, bytes). With
+        ``no_links`` (``gtrain pull``), a symlink under ``dest`` on any file's way stops it (:class:`LinkInDest`)."""
         wanted: dict[str, tuple[int, dict[str, Any]]] = {}
         for node in sorted(ckpt.manifests):
             for f in ckpt.manifests[node]["files"]:
@@ -222,6 +238,9 @@ class Store:
                 if rel.startswith("/") or ".." in rel.split("/"):
                     raise SyncError(f"{self.where}: manifest of {ckpt.name} names an unsafe path {rel!r}")
                 wanted.setdefault(rel, (node, f))
+        if no_links:
+            for rel in wanted:
+                _no_link(dest, rel)
         # the listing checkpoints() made (what it found complete has all its objects), else a fresh one
         objs = self._listed or {}
         if any(self.url.key(f"node-{node}/{rel}") not in objs for rel, (node, _f) in wanted.items()):
@@ -244,6 +263,8 @@ class Store:
                 sha = digests.sha256 if digests is not None else hash_file(tmp).sha256
                 if sha != f["sha256"]:
                     raise SyncError(f"{self.where}/node-{node}/{rel}: content does not match its manifest's sha256")
+                if no_links:
+                    _no_link(dest, rel)
                 os.replace(tmp, final)
                 written.append(final)
             finally:

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
 PARTIAL = ".gtrain-partial"
 MARKER = PULL_MARKER
-_MARKER_TEXT = b"Made by `gtrain pull`. A folder holding this file is never synced to the nodes.\n"
+MARKER_TEXT = b"Made by `gtrain pull`. A folder holding this file is never synced to the nodes.\n"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 
 
@@ -146,7 +146,7 @@ class _Dest:
     def _write_marker(self, fd: int) -> None:
         m = os.open(MARKER, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644, dir_fd=fd)
         try:
-            os.write(m, _MARKER_TEXT)
+            os.write(m, MARKER_TEXT)
         finally:
             os.close(m)
 

@@ -85,3 +85,32 @@ def test_a_tampered_newest_checkpoint_falls_back_to_the_newest_intact(how: str, 
     assert [r["name"] for r in res.refused] == ["step-2"] and res.to_dict()["refused"][0]["name"] == "step-2"
     assert not (dest / "step-2" / "model.pt").exists()
     store.close()
+
+
+def test_a_pull_from_the_store_never_writes_through_a_link_and_marks_its_folder(moto_server: str,
+                                                                                tmp_path: Path) -> None:
+    from gtrain.errors import SyncError
+    from gtrain.sync.pull import MARKER
+
+    bucket, job = "tamper-links", "job-l"
+    _two(bucket, job, tmp_path).close()
+    rec = SimpleNamespace(id=job, info={"checkpoint_store": f"s3://{bucket}/runs"})
+    fresh = tmp_path / "fresh"
+    res = pull_from_store(rec, fresh)  # type: ignore[arg-type]
+    assert (fresh / MARKER).is_file() and (fresh / "step-2" / "model.pt").read_bytes() == b"weights-2"
+    assert res.refused == []
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "step-2").symlink_to(elsewhere)
+    with pytest.raises(SyncError) as ei:
+        pull_from_store(rec, dest)  # type: ignore[arg-type]
+    assert "symlink" in ei.value.message and str(dest / "step-2") in ei.value.message
+    assert list(elsewhere.iterdir()) == []  # nothing written through the link
+    (dest / "step-2").unlink()
+    (dest / "step-2").mkdir()
+    (dest / "step-2" / "model.pt").symlink_to(elsewhere / "model.pt")
+    with pytest.raises(SyncError):
+        pull_from_store(rec, dest)  # type: ignore[arg-type]
+    assert list(elsewhere.iterdir()) == []
