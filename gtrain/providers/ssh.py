@@ -167,7 +167,7 @@ class SSHProvider(Provider):
             import json
 
             info: dict[str, Any] = json.loads(res.stdout)
-            if "root_error" in info:
+            if info.get("root_error"):
                 info["error"] = f"ssh.root: {info['root_error']} (give ssh.root a new or empty folder for gtrain)"
             elif "torch_error" in info:
                 info["error"] = (f"torch is not importable with {section.python}: {info['torch_error']} "

@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import sys
@@ -267,48 +268,37 @@ def pull_manifest(root: str, under: str = "") -> dict[str, object]:
 
 
 ROOT_MARKER = ".gtrain-root"
-# what gtrain makes in a node's root; `down` removes these and nothing else
-_ROOT_OWN = ("workdir", "jobs", "gtrain-sync.pyz", "gtrain-ckpt.pyz", ROOT_MARKER)
+_ROOT_OWN = ("workdir", "jobs", "gtrain-sync.pyz", "gtrain-ckpt.pyz", ROOT_MARKER)  # all `down` removes
+
+
+def _never_root(path: str) -> bool:
+    home = os.path.abspath(os.path.expanduser("~"))
+    return path == "/" or path == home or home.startswith(path.rstrip("/") + "/") or os.path.islink(path)
 
 
 def root_problem(root: str) -> str | None:
-    """Why ``root`` cannot be gtrain's directory on this host, or None: ``/``, a home or a folder above one,
-    a link, a file, or a non-empty folder gtrain did not make (no marker)."""
+    """Why ``root`` cannot be gtrain's folder here (/, a home, a link, a foreign non-empty folder), or None."""
     path = os.path.abspath(os.path.expanduser(root))
-    home = os.path.abspath(os.path.expanduser("~"))
-    if path == "/" or path == home or home.startswith(path.rstrip("/") + "/"):
-        return f"{path} is / or a home folder (or holds one)"
-    if os.path.islink(path):
-        return f"{path} is a symlink"
-    if os.path.lexists(path):
-        if not os.path.isdir(path):
-            return f"{path} exists and is not a folder"
-        if os.listdir(path) and not os.path.isfile(os.path.join(path, ROOT_MARKER)):
-            return f"{path} already holds files gtrain did not make (no {ROOT_MARKER} marker)"
+    if _never_root(path):
+        return f"{path} is /, a home folder (or holds one) or a symlink"
+    if os.path.lexists(path) and (not os.path.isdir(path) or os.listdir(path)
+                                  and not os.path.isfile(os.path.join(path, ROOT_MARKER))):
+        return f"{path} already exists and holds what gtrain did not make (no {ROOT_MARKER} marker)"
     return None
 
 
 def remove_tree(path: str) -> bool:
-    """Remove what gtrain made in its root (workdir, jobs, bundles, marker), then the root if it is left
-    empty; anything else there stays. A root that is /, a home or a link is not touched."""
-    import shutil
-
+    """Remove what gtrain made in its root, then the root if that left it empty; nothing else is touched."""
     full = os.path.abspath(os.path.expanduser(path))
-    home = os.path.abspath(os.path.expanduser("~"))
-    if full == "/" or full == home or home.startswith(full.rstrip("/") + "/") or os.path.islink(full):
+    if _never_root(full) or not os.path.isdir(full):
         return False
-    if not os.path.isdir(full):
-        return False
-    for name in _ROOT_OWN:
-        p = os.path.join(full, name)
+    for p in (os.path.join(full, name) for name in _ROOT_OWN):
         if os.path.isdir(p) and not os.path.islink(p):
             shutil.rmtree(p, ignore_errors=True)
         elif os.path.lexists(p):
             os.unlink(p)
-    try:
+    if not os.listdir(full):
         os.rmdir(full)
-    except OSError:
-        pass
     return True
 
 
@@ -408,7 +398,6 @@ def probe(root: str, check_torch: str = "1") -> dict[str, object]:
     """What `gtrain up` checks on a host: python, torch, GPUs, free disk, and the address we reached it on.
     Read-only: ``root`` is only expanded (``~``), not created."""
     import platform
-    import shutil
     import subprocess
 
     out: dict[str, object] = {"python": platform.python_version(), "hostname": socket.gethostname()}
@@ -432,9 +421,7 @@ def probe(root: str, check_torch: str = "1") -> dict[str, object]:
     home = os.path.expanduser("~")
     out["free_gb"] = round(shutil.disk_usage(home).free / 1e9, 1)
     out["root"] = os.path.expanduser(root)
-    problem = root_problem(root)
-    if problem:
-        out["root_error"] = problem
+    out["root_error"] = root_problem(root)
     return out
 
 

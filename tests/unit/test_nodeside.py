@@ -132,7 +132,7 @@ def test_root_problem_refuses_slash_home_and_foreign_folders(tmp_path: Path, mon
     theirs = home / "project"
     (theirs / "important").mkdir(parents=True)
     (theirs / "important" / "thesis.txt").write_text("years")
-    assert "did not make" in str(nodeside.root_problem(str(theirs)))
+    assert "gtrain did not make" in str(nodeside.root_problem(str(theirs)))
     assert nodeside.root_problem(str(home / "gtrain" / "c1")) is None  # new
     (home / "empty").mkdir()
     assert nodeside.root_problem(str(home / "empty")) is None
