@@ -26,12 +26,14 @@ def json_mode() -> bool:
     return _json_mode
 
 
-def clean(text: str) -> str:
+def clean(text: str, *, keep_sgr: bool = False) -> str:
     """What may reach the user's terminal or a result: every registered secret (and its encoded forms)
-    masked."""
+    masked, and every terminal control sequence removed (:mod:`gtrain.termsafe`; plain colours kept with
+    ``keep_sgr``)."""
     from gtrain.redact import scrub
+    from gtrain.termsafe import safe
 
-    return scrub(text)
+    return safe(scrub(text), keep_sgr=keep_sgr)
 
 
 def _color(stream: Any) -> bool:
@@ -121,7 +123,7 @@ class LinePrinter:
 
     def __call__(self, line: Any) -> None:
         prefix = f"[node {line.node}{'' if line.rank is None else f' rank {line.rank}'}]"
-        text = clean(line.text)
+        text = clean(line.text, keep_sgr=True)
         if self.color:
             c = _PALETTE[(line.rank if line.rank is not None else line.node) % len(_PALETTE)]
             sys.stdout.write(f"\x1b[{c}m{prefix}\x1b[0m {text}\n")
@@ -193,7 +195,7 @@ def table(title: str | None, columns: list[str], rows: list[list[Any]]) -> None:
     lines = render_table(columns, rows, width_limit(), bold=_color(sys.stdout))
     if title:
         lines.insert(0, title)
-    sys.stdout.write("".join(clean(ln) + "\n" for ln in lines))
+    sys.stdout.write("".join(clean(ln, keep_sgr=True) + "\n" for ln in lines))
     sys.stdout.flush()
 
 

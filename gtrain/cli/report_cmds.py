@@ -48,7 +48,7 @@ def plot(
             sys.stdout.write("\x1b[H\x1b[2J")
         elif not first:
             sys.stdout.write("\n")
-        text = out.clean(text)
+        text = out.clean(text, keep_sgr=True)  # plotext's colours; a title from the job cannot move the screen
         sys.stdout.write(text + ("" if text.endswith("\n") else "\n"))
         sys.stdout.flush()
 

@@ -96,8 +96,9 @@ def write_report(ctx: Context, cluster: Cluster, job: Job, out: Path | None = No
     run = collect(ctx, cluster, job, log_keys=log_keys, fresh=fresh)
     path = report_target(out, cluster.name) if out is not None else default_report_path(cluster.name, next_to)
     from gtrain.redact import scrub
+    from gtrain.termsafe import safe
 
-    write_text(path, scrub(render_report(run)))
+    write_text(path, safe(scrub(render_report(run))))  # no raw ESC byte from the job's output in the page
     ctx.report.info(f"report: {path}")
     return path
 
