@@ -171,9 +171,12 @@ def fetch_files(ctx: Context, cluster: Cluster, job: Job, dest: Path | None = No
             try:
                 buf = io.BytesIO()
                 got = r.fetch(remote, buf, offset)
+                raw = buf.getvalue()
+                kept = redact.scrub_bytes(raw)  # a secret the job printed or used as a metric name
                 with open(local, "ab" if offset else "wb") as f:
-                    f.write(redact.scrub_bytes(buf.getvalue()))  # a secret the job used as a metric name
-                mark.write_text(str(offset + got))
+                    f.write(kept)
+                if kept != raw or mark.exists():  # sizes differ from the node's: remember how far we read
+                    mark.write_text(str(offset + got))
                 bytes_ += got
                 files += 1
             except GtrainError as e:
