@@ -230,8 +230,8 @@ def cmd_restore(store: Store, node: int, root: Path, job_dir: Path) -> dict[str,
     t0 = time.monotonic()
     skipped: list[tuple[str, str]] = []
     ckpt, got, kept, nbytes = store.restore_newest(root, skip=skipped)
-    for name, why in skipped:
-        _say(f"checkpoint {name} refused, not restored: {why}")
+    for name, why in skipped:  # stderr: stdout is the one JSON document the node script reads
+        print(f"[gtrain ckpt] checkpoint {name} refused, not restored: {why}", file=sys.stderr, flush=True)
     if ckpt is None:
         doc: dict[str, object] = {"resume_from": "", "name": None, "files": 0, "bytes": 0}
     else:

@@ -52,8 +52,8 @@ def _manifest(bucket: str, job: str) -> dict[str, object]:
 
 
 @pytest.mark.parametrize("how", ["truncated", "altered", "../../etc/x", "/abs", ".."])
-def test_a_tampered_newest_checkpoint_falls_back_to_the_newest_intact(how: str, moto_server: str,
-                                                                     tmp_path: Path) -> None:
+def test_a_tampered_newest_checkpoint_falls_back_to_the_newest_intact(how: str, moto_server: str, tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     bucket, job = f"tamper-{abs(hash(how)) % 10**8}", "job-t"
     store = _two(bucket, job, tmp_path)
     if how == "truncated":
@@ -69,7 +69,10 @@ def test_a_tampered_newest_checkpoint_falls_back_to_the_newest_intact(how: str, 
     root, jdir = tmp_path / "node", tmp_path / "job"
     root.mkdir()
     jdir.mkdir()
-    doc = ckpt_node.cmd_restore(store, 0, root, jdir)
+    assert ckpt_node.main(["restore", f"s3://{bucket}/runs", job, "0", str(root), str(jdir)]) == 0
+    out = capsys.readouterr()
+    doc = json.loads(out.out)  # stdout stays the one JSON document the node script parses
+    assert "checkpoint step-2 refused" in out.err
     assert doc["name"] == "step-1" and doc["resume_from"] == str(root / "step-1"), doc
     skipped = doc["skipped"]
     assert isinstance(skipped, list) and [s["name"] for s in skipped] == ["step-2"]
