@@ -158,7 +158,7 @@ def pull(cluster: str, *, job_id: str | None = None, to: str | os.PathLike[str] 
             from gtrain.checkpoints.ship import pull_from_store
 
             ctx.report.info(f"pulling {ckpt}/ from the store {job.info['checkpoint_store']}/{job.id} to {dest}")
-            return pull_from_store(job, dest)
+            return pull_from_store(job, dest, ctx.report)
         picked = range(len(runners)) if node is None else [node]
         ctx.report.info(f"pulling {ckpt}/ from {'every node' if node is None else f'node {node}'} to {dest}")
         res = pull_dir([(i, runners[i], f"{runners[i].root}/workdir/{ckpt}") for i in picked], dest,
@@ -266,9 +266,14 @@ def run(spec: Any, *, name: str | None = None, keep: bool = False, to: str | os.
 
         if not provider_class(parsed.provider).can_replace_nodes:
             raise cannot_replace(parsed.provider)
+    from gtrain.sync.pull import check_dest, default_pull_dest
+
+    ckpt = parsed.job.checkpoint_dir if parsed.job else "checkpoints"
+    check_dest(Path(to) if to else default_pull_dest(parsed.name, ckpt))  # before anything is created
     res = RunResult(parsed.name)
     rep = report or SILENT
     created = False
+    pull_failed = False
     try:
         created = up(parsed, report=rep).created
         launched = launch(parsed, replace_bad=replace_bad, report=rep)
@@ -279,9 +284,15 @@ def run(spec: Any, *, name: str | None = None, keep: bool = False, to: str | os.
         res.recovery_stopped = final.info.get("recovery_stopped")
         try:
             res.pulled = pull(parsed.name, job_id=launched.job_id, to=to, report=rep)
-        except GtrainError as e:
+        except GtrainError as e:  # the nodes may hold the only copy: keep them, and do not exit 0
+            pull_failed = True
             res.errors.append(f"pull: {e.message}")
             rep.warn(res.errors[-1])
+            if not keep and (created or res.job_id):
+                rep.warn(f"cluster {parsed.name} kept up: its checkpoints are not safe elsewhere; "
+                         f"`gtrain pull {parsed.name} --to DIR`, then `gtrain down {parsed.name}`")
+            if not res.exit_code:
+                res.exit_code = 1
     except KeyboardInterrupt as exc:  # Ctrl+C, SIGTERM, SIGHUP: tear down, and say what it cost
         res.status = "interrupted"
         if not keep and (created or res.job_id):
@@ -290,7 +301,8 @@ def run(spec: Any, *, name: str | None = None, keep: bool = False, to: str | os.
         exc.run_result = res  # type: ignore[attr-defined]  # the CLI prints the cost report from it
         raise
     finally:
-        if not keep and (created or res.job_id) and res.down is None and res.status != "interrupted":
+        if (not keep and not pull_failed and (created or res.job_id) and res.down is None
+                and res.status != "interrupted"):
             res.down = down(parsed.name, yes=True, report=rep)
     if html_report and res.job_id:  # next to the pulled checkpoints (`gtrain run` writes it unless --no-report)
         ctx = _ctx(rep)

@@ -97,6 +97,20 @@ def scrub(text: str) -> str:
     return pat.sub(MASK, text) if pat is not None else text
 
 
+def scrub_bytes(data: bytes) -> bytes:
+    """``data`` with every registered secret's forms (as UTF-8 bytes) replaced by ``***``: files gtrain keeps
+    as bytes (the metric files it archives)."""
+    if not _values or not data:
+        return data
+    import re
+
+    pat = _compiled()
+    if pat is None:
+        return data
+    bpat = re.compile(pat.pattern.encode())
+    return bpat.sub(MASK.encode(), data)
+
+
 def scrub_obj(obj: Any) -> Any:
     """A copy of a JSON-like object with :func:`scrub` applied to every string in it, keys included."""
     if not _values:

@@ -313,6 +313,9 @@ class StateStore:
         row = self.conn.execute(
             "SELECT * FROM clusters WHERE name=? ORDER BY (status='terminated'), created_at DESC LIMIT 1", (name,)
         ).fetchone()
+        if row:  # `logs`, `exec`, `pull`, `plot`: mask what the cluster's jobs print, their secrets by name
+            for (info,) in self.conn.execute("SELECT info_json FROM jobs WHERE cluster_id=?", (row["id"],)):
+                _register(json.loads(info))
         return self._cluster(row) if row else None
 
     def get_cluster(self, name: str) -> Cluster:
@@ -418,8 +421,9 @@ class StateStore:
         return self.get_job(job_id)
 
     def _job(self, r: sqlite3.Row) -> Job:
-        return Job(r["id"], r["cluster_id"], r["status"], r["created_at"], r["ended_at"], r["exit_code"],
-                   json.loads(r["info_json"]))
+        info = json.loads(r["info_json"])
+        _register(info)  # what this job prints is masked in any process that reads it
+        return Job(r["id"], r["cluster_id"], r["status"], r["created_at"], r["ended_at"], r["exit_code"], info)
 
     def get_job(self, job_id: str) -> Job:
         r = self.conn.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchone()

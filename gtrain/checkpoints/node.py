@@ -228,13 +228,17 @@ def watch_notices(job_id: str, stop: threading.Event, poll_s: float = 5.0) -> No
 
 def cmd_restore(store: Store, node: int, root: Path, job_dir: Path) -> dict[str, object]:
     t0 = time.monotonic()
-    ckpt = store.newest_complete()
+    skipped: list[tuple[str, str]] = []
+    ckpt, got, kept, nbytes = store.restore_newest(root, skip=skipped)
+    for name, why in skipped:  # stderr: stdout is the one JSON document the node script reads
+        print(f"[gtrain ckpt] checkpoint {name} refused, not restored: {why}", file=sys.stderr, flush=True)
     if ckpt is None:
         doc: dict[str, object] = {"resume_from": "", "name": None, "files": 0, "bytes": 0}
     else:
-        got, kept, nbytes = store.restore(ckpt, root)
         doc = {"resume_from": str(root / ckpt.name), "name": ckpt.name, "files": len(got), "kept": len(kept),
                "bytes": nbytes}
+    if skipped:
+        doc["skipped"] = [{"name": n, "why": w} for n, w in skipped]
     doc["seconds"] = round(time.monotonic() - t0, 3)
     (job_dir / "ckpt-restored.json").write_text(json.dumps(doc))
     return doc

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shlex
 import time
 import zipfile
@@ -155,11 +156,11 @@ def store_checkpoints(job: JobRecord) -> list[dict[str, Any]] | None:
         st.close()
 
 
-def pull_from_store(job: JobRecord, dest: Path) -> PullResult:
+def pull_from_store(job: JobRecord, dest: Path, report: Reporter | None = None) -> PullResult:
     """``gtrain pull`` of a job with a store: every complete checkpoint, straight from the store (no node is
     asked; each file verified by sha256)."""
-    from gtrain.checkpoints.store import Store
-    from gtrain.sync.pull import PullResult
+    from gtrain.checkpoints.store import LinkInDest, Store
+    from gtrain.sync.pull import MARKER, MARKER_TEXT, PullResult, check_dest
 
     st = Store(str(job.info["checkpoint_store"]), job.id)
     t0 = time.monotonic()
@@ -168,13 +169,32 @@ def pull_from_store(job: JobRecord, dest: Path) -> PullResult:
         done = [c for c in st.checkpoints() if c.complete]
         if not done:
             raise SyncError(f"{st.where}: no complete checkpoint in the store yet")
+        check_dest(dest)
+        created = not os.path.lexists(dest)
         dest.mkdir(parents=True, exist_ok=True)
+        if created:  # as a pull from the nodes: a folder gtrain made is never synced to the nodes
+            (dest / MARKER).write_bytes(MARKER_TEXT)
         for ckpt in done:
-            got, kept, nbytes = st.restore(ckpt, dest)
+            why = st.problem(ckpt)
+            if why is None:
+                try:
+                    got, kept, nbytes = st.restore(ckpt, dest, no_links=True)
+                except LinkInDest:
+                    raise
+                except SyncError as e:
+                    why = e.message
+            if why is not None:  # a tampered or torn checkpoint: refused, the others still come
+                res.refused.append({"name": ckpt.name, "why": why})
+                if report is not None:
+                    report.warn(f"checkpoint {ckpt.name} refused, not pulled: {why}")
+                continue
             res.transferred += got
             res.skipped += kept
             res.bytes += nbytes
             res.nodes = sorted(set(res.nodes) | set(ckpt.manifests))
+        if len(res.refused) == len(done):
+            raise SyncError(f"{st.where}: every complete checkpoint was refused: "
+                            + "; ".join(f"{r['name']}: {r['why']}" for r in res.refused))
         res.files = len(res.transferred) + len(res.skipped)
         res.seconds = time.monotonic() - t0
         return res

@@ -33,6 +33,21 @@ from gtrain.sync.model import Backend, RemoteObject, RemoteURL
 META_DIR = ".gtrain"
 
 
+class LinkInDest(SyncError):
+    """A symlink under the destination a restore would write through: the pull stops (never a refused
+    checkpoint; the store is fine, the destination is not)."""
+
+
+def _no_link(dest: Path, rel: str) -> None:
+    p = dest
+    for part in rel.split("/"):
+        p = p / part
+        if os.path.islink(p):
+            raise LinkInDest(f"refusing to pull into {dest}: {p} is a symlink (to {os.readlink(p)!r})",
+                             hint="gtrain never writes through a symlink under the destination: remove it, "
+                                  "or pull --to another folder")
+
+
 def _noop(_n: int) -> None:
     return None
 
@@ -167,9 +182,55 @@ class Store:
         done = [c for c in self.checkpoints() if c.complete]
         return done[-1] if done else None
 
-    def restore(self, ckpt: Checkpoint, dest: Path) -> tuple[list[str], list[str], int]:
+    def problem(self, ckpt: Checkpoint) -> str | None:
+        """Why ``ckpt`` cannot be restored as its manifests describe it (a tampered or torn store), or None:
+        an unsafe name or file path (absolute, ``..``, outside the checkpoint), a malformed entry, or an
+        object missing from the listing or of another size than its manifest says."""
+        if ckpt.name in ("", ".", "..") or "/" in ckpt.name or "\\" in ckpt.name:
+            return f"its name {ckpt.name!r} is not a checkpoint name"
+        objs = self._listed or {}
+        for node, doc in sorted(ckpt.manifests.items()):
+            if not doc["files"]:
+                return f"node {node}'s manifest lists no file"
+            for f in doc["files"]:
+                if not isinstance(f, dict):
+                    return f"node {node}'s manifest has a malformed entry"
+                rel, size, sha = f.get("path"), f.get("size"), f.get("sha256")
+                if not isinstance(rel, str) or not isinstance(size, int) or isinstance(size, bool) or size < 0 \
+                        or not isinstance(sha, str) or len(sha) != 64:
+                    return f"node {node}'s manifest has a malformed entry for {rel!r}"
+                parts = rel.split("/")
+                if rel.startswith("/") or "\\" in rel or "\x00" in rel or any(p in ("", ".", "..") for p in parts) \
+                        or parts[0] != ckpt.name:
+                    return f"node {node}'s manifest names an unsafe path {rel!r}"
+                obj = objs.get(self.url.key(f"node-{node}/{rel}"))
+                if objs and obj is None:
+                    return f"node-{node}/{rel} is missing from the store"
+                if obj is not None and obj.size != size:
+                    return f"node-{node}/{rel} is {obj.size} bytes, its manifest says {size} (truncated or altered)"
+        return None
+
+    def restore_newest(self, dest: Path, *, skip: list[tuple[str, str]] | None = None
+                       ) -> tuple[Checkpoint | None, list[str], list[str], int]:
+        """Restore the newest complete checkpoint that is intact: one whose manifests are unsafe or whose files
+        do not match them (truncated, altered, missing) is refused and the next older one is tried. Each one
+        refused is appended to ``skip`` as (name, why). Returns (checkpoint or None, downloaded, kept, bytes)."""
+        skipped = skip if skip is not None else []
+        for ckpt in reversed([c for c in self.checkpoints() if c.complete]):
+            why = self.problem(ckpt)
+            if why is None:
+                try:
+                    got, kept, nbytes = self.restore(ckpt, dest)
+                    return ckpt, got, kept, nbytes
+                except SyncError as e:
+                    why = e.message
+            skipped.append((ckpt.name, why))
+        return None, [], [], 0
+
+    def restore(self, ckpt: Checkpoint, dest: Path, *, no_links: bool = False) -> tuple[list[str], list[str], int]:
         """Put every node's files of ``ckpt`` under ``dest`` (verified by sha256, through a temp file and a
-        rename; files already there and identical are kept). Returns (downloaded, kept, bytes)."""
+        rename; files already there and identical are kept). Returns (downloaded, kept, bytes). With
+        ``no_links`` (``gtrain pull``), a symlink under ``dest`` on any file's way stops it (:class:`LinkInDest`)."""
         wanted: dict[str, tuple[int, dict[str, Any]]] = {}
         for node in sorted(ckpt.manifests):
             for f in ckpt.manifests[node]["files"]:
@@ -177,10 +238,15 @@ class Store:
                 if rel.startswith("/") or ".." in rel.split("/"):
                     raise SyncError(f"{self.where}: manifest of {ckpt.name} names an unsafe path {rel!r}")
                 wanted.setdefault(rel, (node, f))
+        if no_links:
+            for rel in wanted:
+                _no_link(dest, rel)
         # the listing checkpoints() made (what it found complete has all its objects), else a fresh one
         objs = self._listed or {}
         if any(self.url.key(f"node-{node}/{rel}") not in objs for rel, (node, _f) in wanted.items()):
             objs = {o.key: o for o in self.backend.list(self.url)}
+
+        written: list[Path] = []
 
         def one(item: tuple[str, tuple[int, dict[str, Any]]]) -> int:
             rel, (node, f) = item
@@ -197,7 +263,10 @@ class Store:
                 sha = digests.sha256 if digests is not None else hash_file(tmp).sha256
                 if sha != f["sha256"]:
                     raise SyncError(f"{self.where}/node-{node}/{rel}: content does not match its manifest's sha256")
+                if no_links:
+                    _no_link(dest, rel)
                 os.replace(tmp, final)
+                written.append(final)
             finally:
                 unlink_tmp(tmp)
             return int(f["size"])
@@ -206,7 +275,13 @@ class Store:
         # as many files at once as `gtrain sync` takes (a sharded checkpoint is many mid-size files, each one
         # stream below the multipart threshold); large files are fetched in parallel ranges by the backend
         with ThreadPoolExecutor(max_workers=max(1, min(self.workers, len(rels)))) as pool:
-            sizes = list(pool.map(one, sorted(wanted.items())))
+            futures = [pool.submit(one, item) for item in sorted(wanted.items())]
+        try:
+            sizes = [fut.result() for fut in futures]
+        except BaseException:  # a checkpoint restored in part is no checkpoint: take back what this call wrote
+            for path in written:
+                path.unlink(missing_ok=True)
+            raise
         got = [r for r, n in zip(rels, sizes, strict=True) if n >= 0]
         kept = [r for r, n in zip(rels, sizes, strict=True) if n < 0]
         return got, kept, sum(n for n in sizes if n > 0)

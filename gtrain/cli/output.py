@@ -26,6 +26,16 @@ def json_mode() -> bool:
     return _json_mode
 
 
+def clean(text: str, *, keep_sgr: bool = False) -> str:
+    """What may reach the user's terminal or a result: every registered secret (and its encoded forms)
+    masked, and every terminal control sequence removed (:mod:`gtrain.termsafe`; plain colours kept with
+    ``keep_sgr``)."""
+    from gtrain.redact import scrub
+    from gtrain.termsafe import safe
+
+    return safe(scrub(text), keep_sgr=keep_sgr)
+
+
 def _color(stream: Any) -> bool:
     return stream.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
 
@@ -57,19 +67,21 @@ def rich_console(stderr: bool = False) -> Any:
 
 def say(msg: str) -> None:
     """One result line on stdout."""
-    sys.stdout.write(msg + "\n")
+    sys.stdout.write(clean(msg) + "\n")
     sys.stdout.flush()
 
 
 def emit_json(doc: Any) -> None:
     import json
 
-    sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n")
+    from gtrain.redact import scrub_obj
+
+    sys.stdout.write(clean(json.dumps(scrub_obj(doc), indent=2, sort_keys=True, default=str)) + "\n")
     sys.stdout.flush()
 
 
 def err(msg: str) -> None:
-    sys.stderr.write(msg + "\n")
+    sys.stderr.write(clean(msg) + "\n")
     sys.stderr.flush()
 
 
@@ -80,6 +92,7 @@ class CLIReporter(Reporter):
         self.color = _color(sys.stderr)
 
     def _w(self, prefix: str, msg: str, style: str = "") -> None:
+        msg = clean(msg)
         if self.color and style:
             sys.stderr.write(f"\x1b[{style}m{prefix}\x1b[0m{msg}\n")
         else:
@@ -110,11 +123,12 @@ class LinePrinter:
 
     def __call__(self, line: Any) -> None:
         prefix = f"[node {line.node}{'' if line.rank is None else f' rank {line.rank}'}]"
+        text = clean(line.text, keep_sgr=True)
         if self.color:
             c = _PALETTE[(line.rank if line.rank is not None else line.node) % len(_PALETTE)]
-            sys.stdout.write(f"\x1b[{c}m{prefix}\x1b[0m {line.text}\n")
+            sys.stdout.write(f"\x1b[{c}m{prefix}\x1b[0m {text}\n")
         else:
-            sys.stdout.write(f"{prefix} {line.text}\n")
+            sys.stdout.write(f"{prefix} {text}\n")
         sys.stdout.flush()
 
 
@@ -181,7 +195,7 @@ def table(title: str | None, columns: list[str], rows: list[list[Any]]) -> None:
     lines = render_table(columns, rows, width_limit(), bold=_color(sys.stdout))
     if title:
         lines.insert(0, title)
-    sys.stdout.write("".join(ln + "\n" for ln in lines))
+    sys.stdout.write("".join(clean(ln, keep_sgr=True) + "\n" for ln in lines))
     sys.stdout.flush()
 
 

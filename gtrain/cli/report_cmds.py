@@ -48,6 +48,7 @@ def plot(
             sys.stdout.write("\x1b[H\x1b[2J")
         elif not first:
             sys.stdout.write("\n")
+        text = out.clean(text, keep_sgr=True)  # plotext's colours; a title from the job cannot move the screen
         sys.stdout.write(text + ("" if text.endswith("\n") else "\n"))
         sys.stdout.flush()
 
@@ -71,4 +72,4 @@ def report(
     if json_:
         out.emit_json({"cluster": cluster, "report": str(path), "bytes": path.stat().st_size})
     else:
-        print(path)
+        out.say(str(path))

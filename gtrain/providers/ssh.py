@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from gtrain.errors import ConfigError, GtrainError, RemoteError
 from gtrain.providers.base import IntervalCost, NodeStatus, Plan, Provider
 from gtrain.remote.fanout import parallel
+from gtrain.remote.nodeside import ROOT_MARKER
 
 if TYPE_CHECKING:
     from gtrain.nodes import NodeRecord
@@ -106,6 +107,18 @@ class SSHSection(BaseModel):
     _lines = field_validator("identity_file", "proxy_command", "python")(one_line)
     _jump = field_validator("proxy_jump")(check_jump)
     _port = field_validator("port", mode="before")(not_bool)
+    @field_validator("root")
+    @classmethod
+    def _root(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        parts = v.replace("\\", "/").split("/")
+        if "\x00" in v or not v.strip() or ".." in parts:
+            raise ValueError(f"{v!r} is not a folder path gtrain can own (no '..', not empty)")
+        if v.rstrip("/") in ("", "~") or (v.startswith("~") and "/" not in v.rstrip("/")):
+            raise ValueError(f"{v!r} is / or a home folder; `down` removes the root, so give a folder of "
+                             "its own, e.g. ~/gtrain/NAME")
+        return v
 
     @field_validator("proxy_command")
     @classmethod
@@ -192,7 +205,9 @@ class SSHProvider(Provider):
             import json
 
             info: dict[str, Any] = json.loads(res.stdout)
-            if "torch_error" in info:
+            if info.get("root_error"):
+                info["error"] = f"ssh.root: {info['root_error']} (give ssh.root a new or empty folder for gtrain)"
+            elif "torch_error" in info:
                 info["error"] = (f"torch is not importable with {section.python}: {info['torch_error']} "
                                  "(install it there, or set ssh.python / ssh.check_torch: false)")
             return info
@@ -212,6 +227,7 @@ class SSHProvider(Provider):
             node_root = str(info["root"])
             rid = self.store.record_resource(cluster.id, "remote-dir", f"{t.display}:{node_root}")
             runners[i].run(f"mkdir -p -m 700 {_q(node_root)}/workdir {_q(node_root)}/jobs")
+            runners[i].write_file(f"{node_root}/{ROOT_MARKER}", f"{cluster.name}\n".encode(), 0o600)
             self.store.mark_resource(rid, "created")
             address = entry.address or _reachable(info.get("ssh_server_addr"), t.host)
             self.store.put_node(cluster.id, NodeRecord(

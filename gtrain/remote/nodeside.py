@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import sys
@@ -266,13 +267,39 @@ def pull_manifest(root: str, under: str = "") -> dict[str, object]:
     return {"refused": None, "files": manifest(path)}
 
 
-def remove_tree(path: str) -> bool:
-    import shutil
+ROOT_MARKER = ".gtrain-root"
+_ROOT_OWN = ("workdir", "jobs", "gtrain-sync.pyz", "gtrain-ckpt.pyz", ROOT_MARKER)  # all `down` removes
 
-    if os.path.lexists(path):
-        shutil.rmtree(path, ignore_errors=True)
-        return True
-    return False
+
+def _never_root(path: str) -> bool:
+    home = os.path.abspath(os.path.expanduser("~"))
+    return path == "/" or path == home or home.startswith(path.rstrip("/") + "/") or os.path.islink(path)
+
+
+def root_problem(root: str) -> str | None:
+    """Why ``root`` cannot be gtrain's folder here (/, a home, a link, a foreign non-empty folder), or None."""
+    path = os.path.abspath(os.path.expanduser(root))
+    if _never_root(path):
+        return f"{path} is /, a home folder (or holds one) or a symlink"
+    if os.path.lexists(path) and (not os.path.isdir(path) or os.listdir(path)
+                                  and not os.path.isfile(os.path.join(path, ROOT_MARKER))):
+        return f"{path} already exists and holds what gtrain did not make (no {ROOT_MARKER} marker)"
+    return None
+
+
+def remove_tree(path: str) -> bool:
+    """Remove what gtrain made in its root, then the root if that left it empty; nothing else is touched."""
+    full = os.path.abspath(os.path.expanduser(path))
+    if _never_root(full) or not os.path.isdir(full):
+        return False
+    for p in (os.path.join(full, name) for name in _ROOT_OWN):
+        if os.path.isdir(p) and not os.path.islink(p):
+            shutil.rmtree(p, ignore_errors=True)
+        elif os.path.lexists(p):
+            os.unlink(p)
+    if not os.listdir(full):
+        os.rmdir(full)
+    return True
 
 
 def _tail_offset(path: str, lines: int) -> int:
@@ -371,7 +398,6 @@ def probe(root: str, check_torch: str = "1") -> dict[str, object]:
     """What `gtrain up` checks on a host: python, torch, GPUs, free disk, and the address we reached it on.
     Read-only: ``root`` is only expanded (``~``), not created."""
     import platform
-    import shutil
     import subprocess
 
     out: dict[str, object] = {"python": platform.python_version(), "hostname": socket.gethostname()}
@@ -395,6 +421,7 @@ def probe(root: str, check_torch: str = "1") -> dict[str, object]:
     home = os.path.expanduser("~")
     out["free_gb"] = round(shutil.disk_usage(home).free / 1e9, 1)
     out["root"] = os.path.expanduser(root)
+    out["root_error"] = root_problem(root)
     return out
 
 

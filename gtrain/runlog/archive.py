@@ -16,6 +16,7 @@ oldest jobs' folders are deleted first (never the one just written). Log lines a
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shlex
@@ -159,16 +160,24 @@ def fetch_files(ctx: Context, cluster: Cluster, job: Job, dest: Path | None = No
             if size > MAX_FILE_BYTES:
                 warns.append(f"node {node}: {remote} is {size} bytes, over the archive's {MAX_FILE_BYTES}; not kept")
                 continue
+            mark = local.with_name(f".{local.name}.fetched")  # remote bytes fetched (the kept file is scrubbed)
             have = local.stat().st_size if local.exists() else 0
+            if mark.exists() and local.exists():
+                have = int(mark.read_text() or 0)
             if have == size:
                 continue
             local.parent.mkdir(parents=True, exist_ok=True)
             offset = have if have < size else 0
             try:
-                with open(local, "r+b" if offset else "wb") as f:
-                    f.seek(offset)
-                    f.truncate()
-                    bytes_ += r.fetch(remote, f, offset)
+                buf = io.BytesIO()
+                got = r.fetch(remote, buf, offset)
+                raw = buf.getvalue()
+                kept = redact.scrub_bytes(raw)  # a secret the job printed or used as a metric name
+                with open(local, "ab" if offset else "wb") as f:
+                    f.write(kept)
+                if kept != raw or mark.exists():  # sizes differ from the node's: remember how far we read
+                    mark.write_text(str(offset + got))
+                bytes_ += got
                 files += 1
             except GtrainError as e:
                 warns.append(f"node {node}: could not fetch {remote}: {e.message}")

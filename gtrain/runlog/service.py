@@ -3,6 +3,7 @@ fresh from its nodes while the cluster is up, else from the archive."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import asdict
 from pathlib import Path
@@ -93,13 +94,58 @@ def write_report(ctx: Context, cluster: Cluster, job: Job, out: Path | None = No
     from gtrain.runlog.html import render_report
 
     run = collect(ctx, cluster, job, log_keys=log_keys, fresh=fresh)
-    path = Path(out) if out is not None else default_report_path(cluster.name, next_to)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(render_report(run), encoding="utf-8")
-    os.replace(tmp, path)
+    path = report_target(out, cluster.name) if out is not None else default_report_path(cluster.name, next_to)
+    from gtrain.redact import scrub
+    from gtrain.termsafe import safe
+
+    write_text(path, safe(scrub(render_report(run))))  # no raw ESC byte from the job's output in the page
     ctx.report.info(f"report: {path}")
     return path
+
+
+def report_target(out: str | os.PathLike[str], cluster: str) -> Path:
+    """Where ``--out`` puts the report: a folder (existing, or named with a trailing ``/``) means
+    ``<folder>/<cluster>-report.html``."""
+    text = os.fspath(out)
+    path = Path(text)
+    if path.is_dir() or text.endswith(("/", os.sep)):
+        return path / f"{cluster}-report.html"
+    return path
+
+
+def write_text(path: Path, text: str) -> None:
+    """``text`` into ``path``: a regular file (or a new one) atomically, through a temporary file next to it
+    that never outlives a failure; anything else (a FIFO, ``/dev/stdout``, a terminal) is written in place,
+    never replaced by a regular file."""
+    import stat
+
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise GtrainError(f"cannot write the report to {path}: {e.strerror or e}",
+                          hint="give --out a file path") from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        if stat.S_ISDIR(st.st_mode):
+            raise GtrainError(f"cannot write the report to {path}: it is a folder", hint="give --out a file path")
+        try:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+        except OSError as e:
+            raise GtrainError(f"cannot write the report to {path}: {e.strerror or e}",
+                              hint="give --out a regular file or a folder") from None
+        return
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise GtrainError(f"cannot write the report to {path}: {e.strerror or e}",
+                          hint="give --out a writable file or folder") from None
 
 
 def report(cluster: str, *, job_id: str | None = None, out: str | os.PathLike[str] | None = None,

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
 PARTIAL = ".gtrain-partial"
 MARKER = PULL_MARKER
-_MARKER_TEXT = b"Made by `gtrain pull`. A folder holding this file is never synced to the nodes.\n"
+MARKER_TEXT = b"Made by `gtrain pull`. A folder holding this file is never synced to the nodes.\n"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 
 
@@ -62,11 +62,16 @@ class PullResult:
     seconds: float = 0.0
     #: names whose contents differ between nodes: {"path", "nodes", "kept": [DEST-relative names]}
     conflicts: list[dict[str, Any]] = field(default_factory=list)
+    #: checkpoints of the store not pulled: {"name", "why"} (a tampered or torn checkpoint)
+    refused: list[dict[str, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"dest": self.dest, "nodes": self.nodes, "files": self.files, "transferred": self.transferred,
-                "skipped": self.skipped, "resumed": self.resumed, "bytes": self.bytes,
-                "seconds": round(self.seconds, 3), "conflicts": self.conflicts}
+        doc = {"dest": self.dest, "nodes": self.nodes, "files": self.files, "transferred": self.transferred,
+               "skipped": self.skipped, "resumed": self.resumed, "bytes": self.bytes,
+               "seconds": round(self.seconds, 3), "conflicts": self.conflicts}
+        if self.refused:
+            doc["refused"] = self.refused
+        return doc
 
 
 def default_pull_dest(cluster: str, checkpoint_dir: str) -> Path:
@@ -96,6 +101,25 @@ def safe_rel(name: str) -> str:
     return norm
 
 
+def check_dest(path: Path) -> None:
+    """Refuse (exit 2, naming ``--to``) a destination a pull could not write: one that exists and is not a
+    folder, lies under a file, or whose nearest existing folder is not writable. Cheap: `run` calls it before
+    anything is created."""
+    text = str(path)
+    if os.path.lexists(path) and not path.is_dir():
+        raise ConfigError(f"--to {text!r}: exists and is not a folder", field="--to",
+                          hint="name a folder (it is created if missing)")
+    probe = Path(os.path.abspath(path))
+    while not os.path.lexists(probe) and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"--to {text!r}: a part of it ({str(probe)!r}) is a file, not a folder", field="--to",
+                          hint="name a folder (it is created if missing)")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"--to {text!r}: {str(probe)!r} is not writable", field="--to",
+                          hint="name a folder you can write")
+
+
 class _Dest:
     """DEST, opened one directory at a time without following a symlink anywhere below it."""
 
@@ -104,9 +128,7 @@ class _Dest:
         self.created = not os.path.lexists(path)
         self._fd: int | None = None
         self._lock = threading.Lock()
-        if os.path.lexists(path) and not path.is_dir():
-            raise ConfigError(f"--to {str(path)!r}: exists and is not a folder", field="--to",
-                              hint="name a folder (it is created if missing)")
+        check_dest(path)
 
     def root(self, create: bool) -> int | None:
         with self._lock:
@@ -124,7 +146,7 @@ class _Dest:
     def _write_marker(self, fd: int) -> None:
         m = os.open(MARKER, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644, dir_fd=fd)
         try:
-            os.write(m, _MARKER_TEXT)
+            os.write(m, MARKER_TEXT)
         finally:
             os.close(m)
 

@@ -161,3 +161,26 @@ def test_host_killed_mid_job_is_failed_and_down_still_works(ssh_hosts, tmp_path:
         assert r.returncode == 0, r.stderr
     finally:
         b.start_sshd()
+
+
+def test_a_root_gtrain_did_not_make_is_refused_and_down_keeps_what_is_not_its_own(ssh_hosts, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    h = ssh_hosts[0]
+    theirs = h.home / "thesis-work"
+    (theirs / "important").mkdir(parents=True, exist_ok=True)
+    (theirs / "important" / "thesis.txt").write_text("years")
+    spec = spec_for(tmp_path, [h], "foreign-root")
+    doc = json.loads(spec.read_text())
+    doc["ssh"]["root"] = "~/thesis-work"
+    spec.write_text(json.dumps(doc))
+    r = cli("up", str(spec))
+    assert r.returncode == 1 and "ssh.root" in r.stderr and "gtrain did not make" in r.stderr, r.stderr
+    assert json.loads(cli("status", "--json").stdout) == {"clusters": []}
+    doc["ssh"]["root"] = "~/gtrain-own"
+    spec.write_text(json.dumps(doc))
+    assert cli("up", str(spec)).returncode == 0
+    own = h.home / "gtrain-own"
+    assert (own / ".gtrain-root").read_text() == "foreign-root\n" and (own / "workdir").is_dir()
+    (own / "notes.txt").write_text("mine")  # the user's, put there later
+    assert cli("down", "foreign-root").returncode == 0
+    assert sorted(p.name for p in own.iterdir()) == ["notes.txt"]
+    assert (theirs / "important" / "thesis.txt").read_text() == "years"

@@ -103,3 +103,30 @@ def test_plot_without_plotext_names_the_extra(gtrain_home: Path, tmp_path: Path)
 def test_report_goes_next_to_the_pulled_checkpoints(tmp_path: Path) -> None:
     assert default_report_path("demo", next_to=tmp_path / "demo-ckpt") == tmp_path / "demo-report.html"
     assert default_report_path("demo") == Path.cwd() / "demo-report.html"
+
+
+def test_report_out_folder_fifo_and_unwritable(gtrain_home: Path, tmp_path: Path) -> None:
+    import stat
+    import threading
+
+    name, _ = gone_cluster(gtrain_home)
+    folder = tmp_path / "reports"
+    folder.mkdir()
+    r = gtrain("report", name, "-o", str(folder), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(folder / "gone-report.html")
+    assert "data-title" in (folder / "gone-report.html").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no .reports.tmp
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    r = gtrain("report", name, "-o", str(fifo), cwd=tmp_path)
+    reader.join(60)
+    assert r.returncode == 0, r.stderr
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and b"data-title" in got[0]  # written through, never replaced
+    (tmp_path / "afile").write_text("x")
+    r = gtrain("report", name, "-o", str(tmp_path / "afile" / "r.html"), cwd=tmp_path)
+    assert r.returncode == 1 and "cannot write the report" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert (tmp_path / "afile").read_text() == "x"

@@ -120,3 +120,42 @@ def test_idle_watch_waits_for_jobs_to_end_then_runs_its_command_once(tmp_path: P
             p.wait()
         if watch.stdout:
             watch.stdout.close()
+
+
+def test_root_problem_refuses_slash_home_and_foreign_folders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    assert nodeside.root_problem("/")
+    assert nodeside.root_problem("~")
+    assert nodeside.root_problem(str(tmp_path))  # holds the home
+    theirs = home / "project"
+    (theirs / "important").mkdir(parents=True)
+    (theirs / "important" / "thesis.txt").write_text("years")
+    assert "gtrain did not make" in str(nodeside.root_problem(str(theirs)))
+    assert nodeside.root_problem(str(home / "gtrain" / "c1")) is None  # new
+    (home / "empty").mkdir()
+    assert nodeside.root_problem(str(home / "empty")) is None
+    (theirs / nodeside.ROOT_MARKER).write_text("c1\n")
+    assert nodeside.root_problem(str(theirs)) is None  # gtrain's own
+
+
+def test_remove_tree_removes_only_what_gtrain_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    root = tmp_path / "home" / "r"
+    (root / "workdir" / "sub").mkdir(parents=True)
+    (root / "jobs").mkdir()
+    (root / "gtrain-ckpt.pyz").write_text("x")
+    (root / nodeside.ROOT_MARKER).write_text("c\n")
+    (root / "important").mkdir()
+    (root / "important" / "thesis.txt").write_text("years")
+    assert nodeside.remove_tree(str(root))
+    assert sorted(os.listdir(root)) == ["important"]
+    assert (root / "important" / "thesis.txt").read_text() == "years"
+    (root / "important" / "thesis.txt").unlink()
+    (root / "important").rmdir()
+    (root / "jobs").mkdir()
+    nodeside.remove_tree(str(root))
+    assert not root.exists()  # left empty: gone
+    assert not nodeside.remove_tree(str(tmp_path / "home"))  # a home is never touched
+    assert (tmp_path / "home").is_dir()

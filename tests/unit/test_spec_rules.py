@@ -125,3 +125,15 @@ def test_gtrain_home_that_is_a_file_is_exit_2_naming_it(tmp_path: Path) -> None:
         assert r.returncode == 2, r.stderr
         assert f"GTRAIN_HOME '{home}' is not a directory: {why}" in r.stderr and "bug in gtrain" not in r.stderr
         assert '"field": "GTRAIN_HOME"' in r.stdout
+
+
+@pytest.mark.parametrize("root", ["/", "//", "~", "~/", "~bob", "../..", "~/gtrain/../..", "/srv/x/../..", ""])
+def test_ssh_root_that_down_would_wipe_is_refused(root: str) -> None:
+    from gtrain.providers.ssh import parse_section
+
+    spec = parse_spec({"name": "demo", "provider": "ssh", "ssh": {"hosts": ["a"], "root": root}})
+    with pytest.raises(ConfigError) as ei:
+        parse_section(spec)
+    assert ei.value.exit_code == 2 and ei.value.field == "ssh.root" and repr(root) in ei.value.message
+    assert parse_section(parse_spec({"name": "demo", "provider": "ssh",
+                                     "ssh": {"hosts": ["a"], "root": "~/gtrain/demo"}})).root == "~/gtrain/demo"
