@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from gtrain.cli import output as out
+from gtrain.cli.overrides import ENV, GPUS, NUM_NODES, SPOT, Overrides
 from gtrain.cli.params import CLUSTER, JOB, JSON, NAME, SPEC, YES_PAID, confirm_price, non_negative
 
 REPLACE_BAD = typer.Option(False, "--replace-bad", help="Preflight (policies.preflight, else quick): replace a "
@@ -31,13 +32,28 @@ def launch(
     force: bool = typer.Option(False, "--force", help="Cancel a job still running on the cluster first."),
     replace_bad: bool = REPLACE_BAD,
     json_: bool = JSON,
+    name: str = NAME,
+    env: list[str] = ENV,
+    num_nodes: int = NUM_NODES,
+    gpus: str = GPUS,
+    spot: bool = SPOT,
 ) -> None:
     """Sync the workdir, run setup, start torchrun on every node (detached); print the job id."""
     out.set_json(json_)
     import gtrain.api as api
 
+    ov = Overrides(env or [], num_nodes, gpus, spot, name)
+    parsed = None
+    if ov.flags():
+        from gtrain.errors import ConfigError
+
+        if spec is None:
+            raise ConfigError(f"{ov.note()}: these set fields of a SPEC and none is given", field="SPEC",
+                              hint="gtrain launch SPEC [--cluster NAME] with the flags")
+        parsed = ov.load(spec)
+        out.err(f"note: {ov.note()}")
     rep = out.CLIReporter()
-    res = api.launch(spec, cluster=cluster, force=force, dry_run=dry_run, replace_bad=replace_bad, report=rep)
+    res = api.launch(parsed or spec, cluster=cluster, force=force, dry_run=dry_run, replace_bad=replace_bad, report=rep)
     if dry_run:
         if json_:
             out.emit_json({"cluster": res.cluster, "scripts": {str(k): v for k, v in res.scripts.items()}})
@@ -123,15 +139,26 @@ def run(
     yes: bool = YES_PAID,
     replace_bad: bool = REPLACE_BAD,
     json_: bool = JSON,
+    env: list[str] = ENV,
+    num_nodes: int = NUM_NODES,
+    gpus: str = GPUS,
+    spot: bool = SPOT,
 ) -> None:
     """up + launch --wait + pull + down, in one command; exits with the job's own exit code."""
     out.set_json(json_)
     import gtrain.api as api
-    from gtrain.spec import load_spec
 
-    parsed = load_spec(spec, name=name)
+    ov = Overrides(env or [], num_nodes, gpus, spot, name)
+    parsed = ov.load(spec)
+    if ov.note():
+        out.err(f"note: {ov.note()}")
     rep = out.CLIReporter()
-    confirm_price(parsed, yes, rep)
+    try:
+        confirm_price(parsed, yes, rep)
+    except Exception as e:
+        if ov.blame(e) is e:
+            raise
+        raise ov.blame(e) from None
     try:
         res = api.run(parsed, keep=keep, to=to, on_line=None if json_ else out.LinePrinter(), report=rep,
                       html_report=not no_report, replace_bad=replace_bad)
