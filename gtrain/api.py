@@ -88,6 +88,17 @@ def launch(spec: Any = None, *, cluster: str | None = None, name: str | None = N
         ctx.store.close()
 
 
+def preview(spec: Any, *, name: str | None = None, report: Reporter | None = None) -> Any:
+    """A job before its cluster exists: the plan, the price and every node's rendered scripts; touches nothing."""
+    from gtrain.jobs.preview import preview as job_preview
+
+    ctx = _ctx(report)
+    try:
+        return job_preview(_spec(spec, name), ctx)
+    finally:
+        ctx.store.close()
+
+
 def logs(cluster: str, *, job_id: str | None = None, follow: bool = False, tail: int | None = None,
          node: int | None = None, rank: int | None = None, on_line: Callable[[LogLine], None] | None = None,
          report: Reporter | None = None) -> Job:

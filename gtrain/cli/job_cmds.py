@@ -53,20 +53,20 @@ def launch(
         parsed = ov.load(spec)
         out.err(f"note: {ov.note()}")
     rep = out.CLIReporter()
-    res = api.launch(parsed or spec, cluster=cluster, force=force, dry_run=dry_run, replace_bad=replace_bad, report=rep)
+    from gtrain.errors import ClusterNotFound
+
+    try:
+        res = api.launch(parsed or spec, cluster=cluster, force=force, dry_run=dry_run, replace_bad=replace_bad,
+                         report=rep)
+    except ClusterNotFound:
+        if not (dry_run and spec is not None and cluster is None):
+            raise
+        return _preview(parsed or spec, json_)  # no cluster yet: what up + launch would do, and its price
     if dry_run:
         if json_:
             out.emit_json({"cluster": res.cluster, "scripts": {str(k): v for k, v in res.scripts.items()}})
         else:
-            for node, scripts in res.scripts.items():  # each node's exact command first, then its files
-                if "command" in scripts:
-                    out.say(f"# ---- node {node}: command ----")
-                    print(scripts["command"], end="")
-            for node, scripts in res.scripts.items():
-                for name, text in scripts.items():
-                    if name != "command":
-                        out.say(f"# ---- node {node}: {name} ----")
-                        print(text, end="")
+            _print_scripts(res.scripts)
         return
     if not wait:
         if json_:
@@ -81,6 +81,32 @@ def launch(
     else:
         out.err(f"job {final.id} {final.status} (exit {final.exit_code})")
     _exit(final.exit_code)
+
+
+def _print_scripts(scripts: dict[int, dict[str, str]]) -> None:
+    for node, files in scripts.items():  # each node's exact command first, then its files
+        if "command" in files:
+            out.say(f"# ---- node {node}: command ----")
+            print(files["command"], end="")
+    for node, files in scripts.items():
+        for name, text in files.items():
+            if name != "command":
+                out.say(f"# ---- node {node}: {name} ----")
+                print(text, end="")
+
+
+def _preview(spec: object, json_: bool) -> None:
+    import gtrain.api as api
+    from gtrain.cli.cluster_cmds import print_plan
+
+    res = api.preview(spec, report=out.CLIReporter())
+    if json_:
+        out.emit_json(res.to_dict())
+        return
+    print_plan(res.plan)
+    out.say(f"note: no cluster {res.cluster} yet: nothing was created; the scripts below name what only its nodes "
+            "know as <node K address>, <root> (gtrain's folder on the node), <job-id>")
+    _print_scripts(res.scripts)
 
 
 def logs(
@@ -143,6 +169,8 @@ def run(
     num_nodes: int = NUM_NODES,
     gpus: str = GPUS,
     spot: bool = SPOT,
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan, its price and every node's rendered "
+                                 "scripts; create nothing."),
 ) -> None:
     """up + launch --wait + pull + down, in one command; exits with the job's own exit code."""
     out.set_json(json_)
@@ -152,6 +180,13 @@ def run(
     parsed = ov.load(spec)
     if ov.note():
         out.err(f"note: {ov.note()}")
+    if dry_run:
+        try:
+            return _preview(parsed, json_)
+        except Exception as e:
+            if ov.blame(e) is e:
+                raise
+            raise ov.blame(e) from None
     rep = out.CLIReporter()
     try:
         confirm_price(parsed, yes, rep)
