@@ -251,10 +251,13 @@ class RunResult:
     #: each recovery from a lost node (gtrain.checkpoints.recovery), and why the run stopped recovering
     recoveries: list[dict[str, Any]] = field(default_factory=list)
     recovery_stopped: str | None = None
+    #: the rank that failed first: ``{node, rank, exit_code}`` (None when nothing failed)
+    failed_first: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "cluster": self.cluster, "job_id": self.job_id, "exit_code": self.exit_code, "status": self.status,
+            "failed_first": self.failed_first,
             "pulled": self.pulled.to_dict() if self.pulled else None,
             "down": self.down.to_dict() if self.down else None, "errors": self.errors, "report": self.report,
             "recoveries": self.recoveries, "recovery_stopped": self.recovery_stopped,
@@ -288,6 +291,7 @@ def run(spec: Any, *, name: str | None = None, keep: bool = False, to: str | os.
         res.exit_code, res.status = final.exit_code, final.status
         res.recoveries = list(final.info.get("recoveries") or [])
         res.recovery_stopped = final.info.get("recovery_stopped")
+        res.failed_first = final.info.get("failed_first")
         try:
             res.pulled = pull(parsed.name, job_id=launched.job_id, to=to, report=rep)
         except GtrainError as e:

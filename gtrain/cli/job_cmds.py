@@ -83,6 +83,18 @@ def launch(
     _exit(final.exit_code)
 
 
+def _failed_first(first: dict | None, printer: out.LinePrinter) -> None:  # type: ignore[type-arg]
+    """The end of a failed run: the rank that failed first, its exit code and its last lines."""
+    if not first:
+        return
+    node, rank, code = first.get("node"), first.get("rank"), first.get("exit_code")
+    who = f"node {node}" if rank is None else f"rank {rank} (node {node})"
+    lines = printer.screen.last_lines(int(node or 0), rank)
+    out.err(f"{who} failed first, exit {code}" + (f"; its last {len(lines)} line(s):" if lines else ""))
+    for text in lines:
+        out.err(f"  {text}")
+
+
 def _print_scripts(scripts: dict[int, dict[str, str]]) -> None:
     for node, files in scripts.items():  # each node's exact command first, then its files
         if "command" in files:
@@ -126,7 +138,7 @@ def logs(
     non_negative("--tail", tail)
 
     final = api.logs(cluster, job_id=job, follow=follow, tail=tail, node=node, rank=rank,
-                     on_line=out.LinePrinter(), report=out.CLIReporter())
+                     on_line=out.LinePrinter(follow=follow), report=out.CLIReporter())
     if follow:
         out.err(f"job {final.id} {final.status} (exit {final.exit_code})")
         _exit(final.exit_code)
@@ -194,8 +206,9 @@ def run(
         if ov.blame(e) is e:
             raise
         raise ov.blame(e) from None
+    printer = None if json_ else out.LinePrinter()
     try:
-        res = api.run(parsed, keep=keep, to=to, on_line=None if json_ else out.LinePrinter(), report=rep,
+        res = api.run(parsed, keep=keep, to=to, on_line=printer, report=rep,
                       html_report=not no_report, replace_bad=replace_bad)
     except KeyboardInterrupt as e:  # torn down already (api.run): say what it cost, then exit 128+N
         done = getattr(e, "run_result", None)
@@ -217,6 +230,9 @@ def run(
             out.err(summary_line(r))
         if res.recovery_stopped:
             out.err(f"not recovered: {res.recovery_stopped}")
+        if printer is not None:
+            printer.close()
+            _failed_first(res.failed_first, printer)
         out.err(f"job {res.job_id} {res.status} (exit {res.exit_code})"
                 + (f" after {len(res.recoveries)} recovery(ies)" if res.recoveries else ""))
         if res.down:
