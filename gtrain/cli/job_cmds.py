@@ -38,7 +38,7 @@ def launch(
     gpus: str = GPUS,
     spot: bool = SPOT,
 ) -> None:
-    """Sync the workdir, run setup, start torchrun on every node (detached); print the job id."""
+    """Sync the workdir, run setup, start job.launcher (default torchrun) on every node, detached; print the job id."""
     out.set_json(json_)
     import gtrain.api as api
 
@@ -129,8 +129,11 @@ def logs(
     node: int = typer.Option(None, "--node", metavar="K", help="Only this node."),
     rank: int = typer.Option(None, "--rank", metavar="R", help="Only this global rank."),
     tail: int = typer.Option(None, "--tail", metavar="N", help="Start with the last N lines of each log."),
+    json_: bool = typer.Option(False, "--json", help="JSON lines on stdout: one object per log line "
+                               "(node, rank, text); with --follow a last one with the job's status and exit code."),
 ) -> None:
     """Every node's and rank's output, each line prefixed [node K rank R]."""
+    out.set_json(json_)
     import gtrain.api as api
 
     non_negative("--node", node)
@@ -138,10 +141,24 @@ def logs(
     non_negative("--tail", tail)
 
     final = api.logs(cluster, job_id=job, follow=follow, tail=tail, node=node, rank=rank,
-                     on_line=out.LinePrinter(follow=follow), report=out.CLIReporter())
+                     on_line=_json_line if json_ else out.LinePrinter(follow=follow), report=out.CLIReporter())
     if follow:
-        out.err(f"job {final.id} {final.status} (exit {final.exit_code})")
+        if json_:
+            _json_line({"job": final.id, "status": final.status, "exit_code": final.exit_code})
+        else:
+            out.err(f"job {final.id} {final.status} (exit {final.exit_code})")
         _exit(final.exit_code)
+
+
+def _json_line(line: object) -> None:
+    """One JSON object on one line of stdout: a log line ({node, rank, text}) or a dict as it is."""
+    import json
+    import sys
+
+    doc = line if isinstance(line, dict) else {"node": line.node, "rank": line.rank,  # type: ignore[attr-defined]
+                                               "text": line.text}  # type: ignore[attr-defined]
+    sys.stdout.write(json.dumps(doc, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
 
 
 def pull(
