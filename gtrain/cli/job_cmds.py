@@ -75,7 +75,10 @@ def launch(
             print(res.job_id)
             out.err(f"follow it: gtrain logs {res.cluster} -f")
         return
-    final = api.wait(res.cluster, job_id=res.job_id, on_line=None if json_ else out.LinePrinter(), report=rep)
+    printer = None if json_ else out.LinePrinter()
+    final = api.wait(res.cluster, job_id=res.job_id, on_line=printer, report=rep)
+    if printer is not None:
+        printer.close()
     if json_:
         out.emit_json({**res.to_dict(), "status": final.status, "exit_code": final.exit_code})
     else:
@@ -140,8 +143,11 @@ def logs(
     non_negative("--rank", rank)
     non_negative("--tail", tail)
 
+    printer = None if json_ else out.LinePrinter(follow=follow)
     final = api.logs(cluster, job_id=job, follow=follow, tail=tail, node=node, rank=rank,
-                     on_line=_json_line if json_ else out.LinePrinter(follow=follow), report=out.CLIReporter())
+                     on_line=printer or _json_line, report=out.CLIReporter())
+    if printer is not None:
+        printer.close()
     if follow:
         if json_:
             _json_line({"job": final.id, "status": final.status, "exit_code": final.exit_code})
