@@ -88,6 +88,17 @@ def launch(spec: Any = None, *, cluster: str | None = None, name: str | None = N
         ctx.store.close()
 
 
+def preview(spec: Any, *, name: str | None = None, report: Reporter | None = None) -> Any:
+    """A job before its cluster exists: the plan, the price and every node's rendered scripts; touches nothing."""
+    from gtrain.jobs.preview import preview as job_preview
+
+    ctx = _ctx(report)
+    try:
+        return job_preview(_spec(spec, name), ctx)
+    finally:
+        ctx.store.close()
+
+
 def logs(cluster: str, *, job_id: str | None = None, follow: bool = False, tail: int | None = None,
          node: int | None = None, rank: int | None = None, on_line: Callable[[LogLine], None] | None = None,
          report: Reporter | None = None) -> Job:
@@ -240,10 +251,13 @@ class RunResult:
     #: each recovery from a lost node (gtrain.checkpoints.recovery), and why the run stopped recovering
     recoveries: list[dict[str, Any]] = field(default_factory=list)
     recovery_stopped: str | None = None
+    #: the rank that failed first: ``{node, rank, exit_code}`` (None when nothing failed)
+    failed_first: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "cluster": self.cluster, "job_id": self.job_id, "exit_code": self.exit_code, "status": self.status,
+            "failed_first": self.failed_first,
             "pulled": self.pulled.to_dict() if self.pulled else None,
             "down": self.down.to_dict() if self.down else None, "errors": self.errors, "report": self.report,
             "recoveries": self.recoveries, "recovery_stopped": self.recovery_stopped,
@@ -282,6 +296,7 @@ def run(spec: Any, *, name: str | None = None, keep: bool = False, to: str | os.
         res.exit_code, res.status = final.exit_code, final.status
         res.recoveries = list(final.info.get("recoveries") or [])
         res.recovery_stopped = final.info.get("recovery_stopped")
+        res.failed_first = final.info.get("failed_first")
         try:
             res.pulled = pull(parsed.name, job_id=launched.job_id, to=to, report=rep)
         except GtrainError as e:  # the nodes may hold the only copy: keep them, and do not exit 0

@@ -65,7 +65,7 @@ class Context:
     def cluster(self, name: str) -> Cluster:
         c = self.store.find_cluster(name)
         if c is None or c.status == "terminated":
-            raise ClusterNotFound(name)
+            raise ClusterNotFound(name, gone=c is not None)
         return c
 
     def backend(self, cluster: Cluster) -> JobBackend:

@@ -65,12 +65,14 @@ class ConfigError(GtrainError):
 
 
 class ClusterNotFound(ConfigError):
-    def __init__(self, name: str) -> None:
-        super().__init__(
-            f"no cluster named {name!r}",
-            hint="`gtrain status` lists clusters; `gtrain up SPEC` makes one",
-            field="cluster",
-        )
+    def __init__(self, name: str, gone: bool = False) -> None:
+        if gone:  # torn down: what gtrain kept of it is still there
+            super().__init__(f"cluster {name!r} was torn down", field="cluster",
+                             hint=f"what it left: `gtrain logs {name}`, `gtrain report {name}`, `gtrain cost`; "
+                                  "`gtrain up SPEC` makes it again")
+        else:
+            super().__init__(f"no cluster named {name!r}", field="cluster",
+                             hint="`gtrain status` lists clusters; `gtrain up SPEC` makes one")
         self.name = name
 
 

@@ -12,6 +12,7 @@ import os
 import re
 import reprlib
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -440,8 +441,10 @@ def parse_spec(data: Any, *, base_dir: str | None = None, source: str = "spec") 
     return spec
 
 
-def load_spec(path: str | os.PathLike[str], *, name: str | None = None) -> ClusterSpec:
-    """Read and validate a YAML spec file. ``name`` overrides ``name:`` (``--name``)."""
+def load_spec(path: str | os.PathLike[str], *, name: str | None = None,
+              edit: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> ClusterSpec:
+    """Read and validate a YAML spec file. ``name`` overrides ``name:`` (``--name``); ``edit`` changes the
+    mapping read before it is validated (the command line's overrides)."""
     from gtrain import specyaml
 
     p = Path(path)
@@ -462,4 +465,6 @@ def load_spec(path: str | os.PathLike[str], *, name: str | None = None) -> Clust
     data = specyaml.load(text, str(p))
     if name is not None and isinstance(data, dict):
         data = {**data, "name": name}
+    if edit is not None and isinstance(data, dict):
+        data = edit(data)
     return parse_spec(data, base_dir=str(p.parent.resolve()), source=str(p))

@@ -3,7 +3,8 @@
 - gloo on CPU, nccl when CUDA is there; torchrun (via gtrain) sets RANK, WORLD_SIZE, MASTER_ADDR, ...
 - every node saves a checkpoint (from its local rank 0) every --ckpt-every steps into $GTRAIN_CHECKPOINT_DIR,
   atomically: nodes don't share a disk, and torchrun's rendezvous may put global rank 0 on any node next time;
-- when restarted it resumes from the newest checkpoint, so a preempted or re-launched job goes on.
+- when restarted it resumes from the newest checkpoint, so a preempted or re-launched job goes on;
+- rank 0 logs the mean loss with gtrain.metrics, so the report `gtrain run` writes draws the loss curve.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import time
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+import gtrain.metrics  # for `gtrain plot` / the report; on the nodes it comes with the job (standard library only)
 
 
 def main() -> int:
@@ -77,6 +80,7 @@ def main() -> int:
             dist.all_reduce(avg)
             if rank == 0:
                 print(f"step {step:4d}  loss {avg.item() / world:.4f}", flush=True)
+                gtrain.metrics.log(step=step, loss=avg.item() / world)
         if local == 0 and ((step + 1) % args.ckpt_every == 0 or step + 1 == args.steps):
             path = os.path.join(ckpt_dir, f"step-{step + 1:06d}.pt")
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step + 1}, path + ".tmp")

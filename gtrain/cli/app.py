@@ -111,7 +111,7 @@ def build_app() -> Any:
     def _root(
         version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version."),
     ) -> None:
-        """gtrain: up, launch, logs, pull, down — multi-node torchrun on rented GPUs."""
+        """gtrain: up, launch, logs, pull, down — multi-node training (torchrun, accelerate, deepspeed, ...)."""
 
     return app
 

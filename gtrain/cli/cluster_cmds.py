@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from gtrain.cli import output as out
+from gtrain.cli.overrides import ENV, GPUS, NUM_NODES, SPOT, Overrides
 from gtrain.cli.params import CLUSTER, JSON, NAME, SPEC, YES_PAID, confirm, confirm_price
 
 
@@ -51,21 +52,32 @@ def up(
                                   "it (down, then up). Default: refuse."),
     yes: bool = YES_PAID,
     json_: bool = JSON,
+    env: list[str] = ENV,
+    num_nodes: int = NUM_NODES,
+    gpus: str = GPUS,
+    spot: bool = SPOT,
 ) -> None:
     """Provision the cluster's nodes."""
     out.set_json(json_)
     import gtrain.api as api
-    from gtrain.spec import load_spec
 
-    parsed = load_spec(spec, name=name)
+    ov = Overrides(env or [], num_nodes, gpus, spot, name)
+    parsed = ov.load(spec)
     rep = out.CLIReporter()
-    if not dry_run:
-        confirm_price(parsed, yes, rep)
-    res = api.up(parsed, dry_run=dry_run, keep_failed=keep_failed, recreate=recreate, report=rep)
+    try:
+        if not dry_run:
+            confirm_price(parsed, yes, rep)
+        res = api.up(parsed, dry_run=dry_run, keep_failed=keep_failed, recreate=recreate, report=rep)
+    except Exception as e:
+        if ov.blame(e) is e:
+            raise
+        raise ov.blame(e) from None
     if json_:
         out.emit_json(res.to_dict())
         return
     print_plan(res.plan.to_dict())
+    if ov.note():
+        out.say(f"note: {ov.note()}")
     if res.cluster is not None:
         verb = "is up" if res.created else "was already up"
         out.say(f"cluster {res.cluster.name} {verb}: {res.cluster.num_nodes} node(s). "

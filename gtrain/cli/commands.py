@@ -7,14 +7,16 @@ from __future__ import annotations
 
 PROG = "gtrain"
 
-ROOT_HELP = "Run PyTorch training on GPU machines gtrain rents, and leave nothing running that nobody watches."
+ROOT_HELP = ("Run PyTorch training on GPU machines gtrain rents, and leave nothing running that nobody watches. "
+             "Providers: local, ssh, aws, gcp, slurm (and plug-ins).")
 
 #: (name, module under gtrain.cli, help), in the order `gtrain --help` lists them
 COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("up", "cluster_cmds", "Provision the cluster's nodes."),
     ("down", "cluster_cmds", "Stop jobs, delete every resource of the cluster, print what it cost."),
     ("status", "cluster_cmds", "Clusters and their jobs."),
-    ("launch", "job_cmds", "Sync the workdir, run setup, start torchrun on every node (detached); print the job id."),
+    ("launch", "job_cmds", "Sync the workdir, run setup, start job.launcher (default torchrun) on every node, "
+                           "detached; print the job id."),
     ("logs", "job_cmds", "Every node's and rank's output, each line prefixed [node K rank R]."),
     ("pull", "job_cmds", "Bring checkpoint_dir back, every file verified by sha256; re-runs move only what changed."),
     ("run", "job_cmds", "up + launch --wait + pull + down, in one command; exits with the job's own exit code."),

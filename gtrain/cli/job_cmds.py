@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from gtrain.cli import output as out
+from gtrain.cli.overrides import ENV, GPUS, NUM_NODES, SPOT, Overrides
 from gtrain.cli.params import CLUSTER, JOB, JSON, NAME, SPEC, YES_PAID, check_dest, confirm_price, non_negative
 
 REPLACE_BAD = typer.Option(False, "--replace-bad", help="Preflight (policies.preflight, else quick): replace a "
@@ -31,26 +32,41 @@ def launch(
     force: bool = typer.Option(False, "--force", help="Cancel a job still running on the cluster first."),
     replace_bad: bool = REPLACE_BAD,
     json_: bool = JSON,
+    name: str = NAME,
+    env: list[str] = ENV,
+    num_nodes: int = NUM_NODES,
+    gpus: str = GPUS,
+    spot: bool = SPOT,
 ) -> None:
-    """Sync the workdir, run setup, start torchrun on every node (detached); print the job id."""
+    """Sync the workdir, run setup, start job.launcher (default torchrun) on every node, detached; print the job id."""
     out.set_json(json_)
     import gtrain.api as api
 
+    ov = Overrides(env or [], num_nodes, gpus, spot, name)
+    parsed = None
+    if ov.flags():
+        from gtrain.errors import ConfigError
+
+        if spec is None:
+            raise ConfigError(f"{ov.note()}: these set fields of a SPEC and none is given", field="SPEC",
+                              hint="gtrain launch SPEC [--cluster NAME] with the flags")
+        parsed = ov.load(spec)
+        out.err(f"note: {ov.note()}")
     rep = out.CLIReporter()
-    res = api.launch(spec, cluster=cluster, force=force, dry_run=dry_run, replace_bad=replace_bad, report=rep)
+    from gtrain.errors import ClusterNotFound
+
+    try:
+        res = api.launch(parsed or spec, cluster=cluster, force=force, dry_run=dry_run, replace_bad=replace_bad,
+                         report=rep)
+    except ClusterNotFound:
+        if not (dry_run and spec is not None and cluster is None):
+            raise
+        return _preview(parsed or spec, json_)  # no cluster yet: what up + launch would do, and its price
     if dry_run:
         if json_:
             out.emit_json({"cluster": res.cluster, "scripts": {str(k): v for k, v in res.scripts.items()}})
         else:
-            for node, scripts in res.scripts.items():  # each node's exact command first, then its files
-                if "command" in scripts:
-                    out.say(f"# ---- node {node}: command ----")
-                    print(scripts["command"], end="")
-            for node, scripts in res.scripts.items():
-                for name, text in scripts.items():
-                    if name != "command":
-                        out.say(f"# ---- node {node}: {name} ----")
-                        print(text, end="")
+            _print_scripts(res.scripts)
         return
     if not wait:
         if json_:
@@ -59,12 +75,53 @@ def launch(
             print(res.job_id)
             out.err(f"follow it: gtrain logs {res.cluster} -f")
         return
-    final = api.wait(res.cluster, job_id=res.job_id, on_line=None if json_ else out.LinePrinter(), report=rep)
+    printer = None if json_ else out.LinePrinter()
+    final = api.wait(res.cluster, job_id=res.job_id, on_line=printer, report=rep)
+    if printer is not None:
+        printer.close()
     if json_:
         out.emit_json({**res.to_dict(), "status": final.status, "exit_code": final.exit_code})
     else:
         out.err(f"job {final.id} {final.status} (exit {final.exit_code})")
     _exit(final.exit_code)
+
+
+def _failed_first(first: dict | None, printer: out.LinePrinter) -> None:  # type: ignore[type-arg]
+    """The end of a failed run: the rank that failed first, its exit code and its last lines."""
+    if not first:
+        return
+    node, rank, code = first.get("node"), first.get("rank"), first.get("exit_code")
+    who = f"node {node}" if rank is None else f"rank {rank} (node {node})"
+    lines = printer.screen.last_lines(int(node or 0), rank)
+    out.err(f"{who} failed first, exit {code}" + (f"; its last {len(lines)} line(s):" if lines else ""))
+    for text in lines:
+        out.err(f"  {text}")
+
+
+def _print_scripts(scripts: dict[int, dict[str, str]]) -> None:
+    for node, files in scripts.items():  # each node's exact command first, then its files
+        if "command" in files:
+            out.say(f"# ---- node {node}: command ----")
+            print(files["command"], end="")
+    for node, files in scripts.items():
+        for name, text in files.items():
+            if name != "command":
+                out.say(f"# ---- node {node}: {name} ----")
+                print(text, end="")
+
+
+def _preview(spec: object, json_: bool) -> None:
+    import gtrain.api as api
+    from gtrain.cli.cluster_cmds import print_plan
+
+    res = api.preview(spec, report=out.CLIReporter())
+    if json_:
+        out.emit_json(res.to_dict())
+        return
+    print_plan(res.plan)
+    out.say(f"note: no cluster {res.cluster} yet: nothing was created; the scripts below name what only its nodes "
+            "know as <node K address>, <root> (gtrain's folder on the node), <job-id>")
+    _print_scripts(res.scripts)
 
 
 def logs(
@@ -75,19 +132,39 @@ def logs(
     node: int = typer.Option(None, "--node", metavar="K", help="Only this node."),
     rank: int = typer.Option(None, "--rank", metavar="R", help="Only this global rank."),
     tail: int = typer.Option(None, "--tail", metavar="N", help="Start with the last N lines of each log."),
+    json_: bool = typer.Option(False, "--json", help="JSON lines on stdout: one object per log line "
+                               "(node, rank, text); with --follow a last one with the job's status and exit code."),
 ) -> None:
     """Every node's and rank's output, each line prefixed [node K rank R]."""
+    out.set_json(json_)
     import gtrain.api as api
 
     non_negative("--node", node)
     non_negative("--rank", rank)
     non_negative("--tail", tail)
 
+    printer = None if json_ else out.LinePrinter(follow=follow)
     final = api.logs(cluster, job_id=job, follow=follow, tail=tail, node=node, rank=rank,
-                     on_line=out.LinePrinter(), report=out.CLIReporter())
+                     on_line=printer or _json_line, report=out.CLIReporter())
+    if printer is not None:
+        printer.close()
     if follow:
-        out.err(f"job {final.id} {final.status} (exit {final.exit_code})")
+        if json_:
+            _json_line({"job": final.id, "status": final.status, "exit_code": final.exit_code})
+        else:
+            out.err(f"job {final.id} {final.status} (exit {final.exit_code})")
         _exit(final.exit_code)
+
+
+def _json_line(line: object) -> None:
+    """One JSON object on one line of stdout: a log line ({node, rank, text}) or a dict as it is."""
+    import json
+    import sys
+
+    doc = line if isinstance(line, dict) else {"node": line.node, "rank": line.rank,  # type: ignore[attr-defined]
+                                               "text": line.text}  # type: ignore[attr-defined]
+    sys.stdout.write(json.dumps(doc, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
 
 
 def pull(
@@ -124,17 +201,38 @@ def run(
     yes: bool = YES_PAID,
     replace_bad: bool = REPLACE_BAD,
     json_: bool = JSON,
+    env: list[str] = ENV,
+    num_nodes: int = NUM_NODES,
+    gpus: str = GPUS,
+    spot: bool = SPOT,
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan, its price and every node's rendered "
+                                 "scripts; create nothing."),
 ) -> None:
     """up + launch --wait + pull + down, in one command; exits with the job's own exit code."""
     out.set_json(json_)
     import gtrain.api as api
-    from gtrain.spec import load_spec
 
-    parsed = load_spec(spec, name=name)
+    ov = Overrides(env or [], num_nodes, gpus, spot, name)
+    parsed = ov.load(spec)
+    if ov.note():
+        out.err(f"note: {ov.note()}")
+    if dry_run:
+        try:
+            return _preview(parsed, json_)
+        except Exception as e:
+            if ov.blame(e) is e:
+                raise
+            raise ov.blame(e) from None
     rep = out.CLIReporter()
-    confirm_price(parsed, yes, rep)
     try:
-        res = api.run(parsed, keep=keep, to=to, on_line=None if json_ else out.LinePrinter(), report=rep,
+        confirm_price(parsed, yes, rep)
+    except Exception as e:
+        if ov.blame(e) is e:
+            raise
+        raise ov.blame(e) from None
+    printer = None if json_ else out.LinePrinter()
+    try:
+        res = api.run(parsed, keep=keep, to=to, on_line=printer, report=rep,
                       html_report=not no_report, replace_bad=replace_bad)
     except KeyboardInterrupt as e:  # torn down already (api.run): say what it cost, then exit 128+N
         done = getattr(e, "run_result", None)
@@ -156,6 +254,9 @@ def run(
             out.err(summary_line(r))
         if res.recovery_stopped:
             out.err(f"not recovered: {res.recovery_stopped}")
+        if printer is not None:
+            printer.close()
+            _failed_first(res.failed_first, printer)
         out.err(f"job {res.job_id} {res.status} (exit {res.exit_code})"
                 + (f" after {len(res.recoveries)} recovery(ies)" if res.recoveries else ""))
         if res.down:

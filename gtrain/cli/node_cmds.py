@@ -109,7 +109,7 @@ def exec_(
         raise ConfigError("no command given", hint="gtrain exec CLUSTER -- nvidia-smi", field="CMD")
     command = args[0] if len(args) == 1 else " ".join(shlex.quote(a) for a in args)
     lines: list[dict[str, object]] = []
-    on_line = (lambda ln: lines.append({"node": ln.node, "text": ln.text})) if json_ else out.LinePrinter()
+    on_line = (lambda ln: lines.append({"node": ln.node, "text": ln.text})) if json_ else out.LinePrinter(follow=False)
     codes = api.exec_command(cluster, command, node=node, on_line=on_line, report=out.CLIReporter())
     worst = max(codes.values(), key=lambda c: (c != 0, c)) if codes else 0
     if json_:

@@ -118,14 +118,28 @@ _PALETTE = ("36", "35", "32", "33", "34", "31", "96", "95")
 class LinePrinter:
     """``[node K rank R] text`` on stdout, coloured per rank on a TTY only."""
 
-    def __init__(self) -> None:
+    def __init__(self, follow: bool = True) -> None:
+        from gtrain.cli.screen import Screen
+
         self.color = _color(sys.stdout)
+        # progress bars as their latest state; while following, torchrun's failure report as one line
+        self.screen = Screen(collapse=follow)
 
     def __call__(self, line: Any) -> None:
-        prefix = f"[node {line.node}{'' if line.rank is None else f' rank {line.rank}'}]"
-        text = clean(line.text, keep_sgr=True)
+        for text in self.screen.feed(line.node, line.rank, line.text):
+            self._write(line.node, line.rank, text)
+
+    def close(self) -> None:
+        """Show what is still held (a launcher's traceback the job ended in)."""
+        for node in sorted(self.screen.held):
+            for text in self.screen.flush(node):
+                self._write(node, None, text)
+
+    def _write(self, node: int, rank: int | None, text: str) -> None:
+        prefix = f"[node {node}{'' if rank is None else f' rank {rank}'}]"
+        text = clean(text, keep_sgr=True)
         if self.color:
-            c = _PALETTE[(line.rank if line.rank is not None else line.node) % len(_PALETTE)]
+            c = _PALETTE[(rank if rank is not None else node) % len(_PALETTE)]
             sys.stdout.write(f"\x1b[{c}m{prefix}\x1b[0m {text}\n")
         else:
             sys.stdout.write(f"{prefix} {text}\n")

@@ -177,6 +177,19 @@ def aggregate(nodes: list[NodeJobStatus]) -> tuple[JobState, int | None]:
     return JobState.PENDING, None
 
 
+def first_failed(nodes: list[NodeJobStatus]) -> dict[str, int | None] | None:
+    """The rank that failed first (in time, across nodes) as ``{node, rank, exit_code}``; a node that failed
+    with no rank's exit code known gives ``rank: None``; None when nothing failed."""
+    failed = [(r.ended_at or 0.0, n.node, r.rank, r.exit_code) for n in nodes for r in n.ranks if r.exit_code]
+    if failed:
+        _t, node, rank, code = min(failed)
+        return {"node": node, "rank": rank, "exit_code": code}
+    for n in nodes:
+        if n.state is JobState.FAILED and n.exit_code:
+            return {"node": n.node, "rank": None, "exit_code": n.exit_code}
+    return None
+
+
 def job_exit_code(nodes: list[NodeJobStatus]) -> int:
     """The job's own exit code: the first rank (in time, across nodes) that exited non-zero."""
     failed = [(r.ended_at or 0.0, r.exit_code) for n in nodes for r in n.ranks if r.exit_code]

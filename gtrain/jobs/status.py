@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gtrain.errors import ConfigError
-from gtrain.jobs.backend import CANCEL_EXIT, JobState, aggregate, job_exit_code
+from gtrain.jobs.backend import CANCEL_EXIT, JobState, aggregate, first_failed, job_exit_code
 
 __all__ = ["CANCEL_EXIT", "active_job", "aggregate", "cancel_job", "job_exit_code", "refresh_job", "resolve_job"]
 from gtrain.state import TERMINAL_JOB, Cluster
@@ -60,6 +60,8 @@ def refresh_job(cluster: Cluster, job: JobRecord, ctx: Context, *, act: bool = T
                             f"`gtrain logs {cluster.name} -f` or `gtrain cancel {cluster.name}` stops it")
     info = dict(job.info)
     info["nodes"] = [{"state": n.detail, "exit_code": n.exit_code, "error": n.error} for n in nodes]
+    if state is JobState.FAILED and (first := first_failed(nodes)) is not None:
+        info["failed_first"] = first  # `run` ends naming it, with its last lines
     # terminal is final: a node that was unreachable may come back, but the rest of the job was stopped
     info["final"] = state.terminal and any(n.detail != "unreachable" for n in nodes)
     if state.value != job.status or code != job.exit_code or info != job.info:

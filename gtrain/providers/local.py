@@ -42,7 +42,8 @@ class LocalProvider(Provider):
             provider="local", num_nodes=spec.num_nodes, instance_type="local", market="local",
             region=os.uname().nodename, gpu_name=spec.resources.gpu_name, gpus_per_node=spec.resources.gpus_per_node,
             price_per_hour=0.0, max_hours=spec.policies.max_hours,
-            notes=["nodes are directories on this machine; training runs on its CPU (gloo) or GPUs"],
+            notes=["nodes are directories on this machine; training runs on its CPU (gloo) or GPUs",
+                   *_unenforced(spec)],
         )
 
     def provision(self, spec: ClusterSpec, cluster: Cluster, plan: Plan) -> None:
@@ -82,3 +83,14 @@ class LocalProvider(Provider):
 
     def price(self, cluster: Cluster, interval: CostInterval) -> IntervalCost:
         return IntervalCost(0.0, estimate=False, note="local: no charge")
+
+
+def _unenforced(spec: ClusterSpec) -> list[str]:
+    """The plan's word on the limits that only nodes of a cloud hold (they end themselves there)."""
+    pol = spec.policies
+    given = [f"{k}: {v:g}" for k, v in (("idle_minutes", pol.idle_minutes), ("max_hours", pol.max_hours),
+                                         ("max_cost_usd", pol.max_cost_usd)) if v is not None]
+    if not given:
+        return []
+    return [f"policies {', '.join(given)}: not enforced on local (aws and gcp nodes end themselves); "
+            "nothing here ends the cluster but `gtrain down`"]

@@ -270,7 +270,7 @@ def archived_log_lines(home: Path, cluster_id: str, job_id: str, *, nodes: list[
         if nodes is not None and node not in nodes:
             continue
         items = []
-        with open(logs / f"node-{node}.log", encoding="utf-8", errors="replace") as f:
+        with open(logs / f"node-{node}.log", encoding="utf-8", errors="replace", newline="\n") as f:  # a \r stays
             for raw in f:
                 tag, _, text = raw.rstrip("\n").partition("\t")
                 r = int(tag) if tag.isdigit() else None

@@ -115,3 +115,33 @@ def test_a_dependency_an_extra_forgot_is_named_with_that_extra() -> None:
             exec(code, {"__name__": "google.auth.transport.urllib3", "inner": inner})
     except ImportError as e:
         assert missing_extra(e) == ("packaging", "gcp")
+
+
+def readme_install() -> tuple[str, dict[str, str]]:
+    """README's first screen (up to the tour) and its provider -> extra table."""
+    head = (Path(__file__).parents[2] / "README.md").read_text().split("## A five-minute tour")[0]
+    rows = {}
+    for line in head.splitlines():
+        cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+        if line.startswith("| `") and len(cells) == 3:
+            rows[cells[0]] = cells[1]
+    return head, rows
+
+
+def test_readme_first_screen_says_how_to_install_and_which_extra_each_provider_needs(tmp_path: Path) -> None:
+    from gtrain.providers.registry import REGISTRY
+
+    head, rows = readme_install()
+    assert head.index("make demo") < head.index("**Install**")  # the tour commands stay on top
+    for line in ("pipx install 'gtrain[aws]'", "uv tool install 'gtrain[gcp]'", "pip install 'gtrain["):
+        assert line in head
+    assert set(rows) == set(REGISTRY)  # every built-in provider, nothing else
+    extras = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    for provider, extra in rows.items():
+        assert extra == "(none)" or extra in extras, (provider, extra)
+    # what the CLI says when the extra is missing is the extra README names for that provider
+    spec = tmp_path / "lab.yaml"
+    spec.write_text(SSH_SPEC)
+    r = run_blocked(tmp_path, ["paramiko"], "up", str(spec))
+    assert r.returncode == 2 and f"pip install 'gtrain[{rows['ssh']}]'" in r.stderr, r.stderr

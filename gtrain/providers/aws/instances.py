@@ -20,7 +20,7 @@ from gtrain.providers.aws import api
 from gtrain.providers.aws.api import TAG_RANK
 from gtrain.providers.cloud.errors import with_code
 from gtrain.providers.cloud.keys import key_path
-from gtrain.providers.cloud.lifetime import lifetime_s
+from gtrain.providers.cloud.lifetime import node_lifetime_s
 from gtrain.providers.cloud.ssh_access import wait_ssh, write_ssh_config
 
 if TYPE_CHECKING:
@@ -115,7 +115,7 @@ class AWSInstances:
                 MetadataOptions={"HttpTokens": "required", "HttpEndpoint": "enabled"},
                 InstanceInitiatedShutdownBehavior="terminate",
             )
-            life = lifetime_s(spec.policies, spec.num_nodes, cluster.price_per_hour or None)
+            life = node_lifetime_s(spec.policies, spec.num_nodes, cluster.price_per_hour or None, cluster)
             if life is not None:  # the node ends itself: shutdown from inside = terminate (set above)
                 params["UserData"] = shutdown_user_data(life)
             if spec.resources.use_spot:

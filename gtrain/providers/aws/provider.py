@@ -38,6 +38,11 @@ if TYPE_CHECKING:
 __all__ = ["EBS_GP3_BY_REGION", "EBS_GP3_USD_PER_GB_MONTH", "AWSProvider"]
 
 
+def _in_region(zone: str, region: str) -> bool:
+    """``us-east-1a`` is in ``us-east-1`` (a zone is its region's name and a letter)."""
+    return zone.startswith(region) and zone[len(region):].isalpha()
+
+
 @dataclass
 class _Target:
     region: str
@@ -87,6 +92,8 @@ class AWSProvider(CloudProvider):
             # no region asked for: the cheapest first, then every other catalog region with the type
             regions = [o.region for o in sorted(lookup("aws", offer.instance_type),
                                                 key=lambda o: (o.price(res.use_spot), o.region))]
+            if res.zones:  # zones pinned without a region: their regions, not the cheapest elsewhere
+                regions = [r for r in regions if any(_in_region(z, r) for z in res.zones)] or regions
         for i, r in enumerate(regions):
             if not lookup("aws", offer.instance_type, r):
                 where = sorted({o.region for o in lookup("aws", offer.instance_type)})

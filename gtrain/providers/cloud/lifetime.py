@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 GONE = ("terminated", "preempted", "missing", "stopped")
 #: how long a node that reached its lifetime may take to power off
 SHUTDOWN_GRACE_S = 60
+#: nodes made this soon after the cluster was (the first `up`) get a whole lifetime; later ones what is left
+UP_WINDOW_S = 600
 
 
 def lifetime_s(policies: Any, num_nodes: int, price_per_hour: float | None) -> int | None:
@@ -31,6 +33,35 @@ def lifetime_s(policies: Any, num_nodes: int, price_per_hour: float | None) -> i
     if not caps:
         return None
     return max(60, int(min(caps)))
+
+
+def node_lifetime_s(policies: Any, num_nodes: int, price_per_hour: float | None, cluster: Cluster,
+                    now: float | None = None) -> int | None:
+    """The lifetime of a node made now for ``cluster``: the budget holds for the whole run, across recoveries.
+    Each rank's slot ends at the cluster's start + :func:`lifetime_s`; a replacement gets what is left of its
+    slot, not a full lifetime of its own (which would let each recovery spend the budget again). A slot with
+    less than a minute left: the budget is spent, and no node is made (:class:`BudgetSpent`). Nodes made in the
+    cluster's first :data:`UP_WINDOW_S` (the first `up`, however long it takes) get the whole lifetime."""
+    import math
+    import time
+
+    full = lifetime_s(policies, num_nodes, price_per_hour)
+    if full is None:
+        return None
+    left = cluster.created_at + full - (time.time() if now is None else now)
+    if left >= full - UP_WINDOW_S:
+        return full
+    if left < 60:
+        raise BudgetSpent(
+            f"policies: the run's budget is spent (max_hours {policies.max_hours}, max_cost_usd "
+            f"{policies.max_cost_usd}: every node of {cluster.name} ends {full / 3600:.2f} h after it was made); "
+            "no new node is made", hint="raise policies.max_hours / max_cost_usd and `gtrain up --recreate`, "
+                                        "or `gtrain down` what is left")
+    return min(full, math.ceil(left))
+
+
+class BudgetSpent(GtrainError):
+    """policies.max_hours / max_cost_usd leave no time for a new node of the run."""
 
 
 def lifetime_note(seconds: int | None, how: str) -> list[str]:

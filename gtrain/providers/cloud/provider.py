@@ -16,7 +16,7 @@ from gtrain.errors import ConfigError
 from gtrain.events import SILENT, Reporter
 from gtrain.providers.base import Provider
 from gtrain.providers.cloud.ledger import Ledger
-from gtrain.providers.cloud.lifetime import ended_by_limit
+from gtrain.providers.cloud.lifetime import ended_by_limit, node_lifetime_s
 
 if TYPE_CHECKING:
     from gtrain.nodes import NodeRecord
@@ -58,6 +58,8 @@ class CloudProvider(Provider):
                               hint=f"its nodes are 0..{cluster.num_nodes - 1}", field="ranks")
         spec = parse_spec(cluster.spec, base_dir=cluster.extra.get("base_dir"))
         plan = self.plan(spec)
+        # the run's budget first: a spent one keeps the old node (a replacement could not run)
+        node_lifetime_s(spec.policies, spec.num_nodes, cluster.price_per_hour or None, cluster)
         for rank in sorted(set(ranks)):
             node = nodes[rank]
             self.report.node(rank, f"replacing {node.instance_id} (terminating it)")

@@ -25,7 +25,7 @@ from gtrain.providers.cloud.billing import cloud_interval_cost
 from gtrain.providers.cloud.failover import Attempts
 from gtrain.providers.cloud.idle import idle_watch
 from gtrain.providers.cloud.keys import drop_key, ensure_key, owner
-from gtrain.providers.cloud.lifetime import lifetime_note, lifetime_s
+from gtrain.providers.cloud.lifetime import lifetime_note, lifetime_s, node_lifetime_s
 from gtrain.providers.cloud.provider import CloudProvider
 from gtrain.providers.cloud.ssh_access import finish_down, resolve_ssh_cidr, ssh_notes
 from gtrain.providers.gcp import api
@@ -204,7 +204,7 @@ class GCPProvider(CloudProvider):
             external_ip=opts.external_ip if opts.external_ip is not None else not opts.ssh_proxy_command,
             ssh_user=opts.ssh_user, public_key=pub, service_account=opts.service_account, labels=labels,
             tag=api.network_tag(cluster.id),
-            max_run_s=lifetime_s(spec.policies, spec.num_nodes, offer.price(spec.resources.use_spot)))
+            max_run_s=node_lifetime_s(spec.policies, spec.num_nodes, offer.price(spec.resources.use_spot), cluster))
 
     def _ensure_firewalls(self, cluster: Cluster, project: str, opts: GCPOptions, ssh_cidr: str | None) -> list[str]:
         """Make the cluster's firewall rules that do not exist yet; returns the names made by this call."""

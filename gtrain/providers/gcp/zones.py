@@ -53,6 +53,9 @@ class GCPZones:
         for o in same:
             if o.region not in out:
                 out.append(o.region)
+        if spec.resources.zones:  # zones pinned without a region: their regions, not the cheapest elsewhere
+            pinned = {api.region_of_zone(z) for z in spec.resources.zones}
+            return [r for r in out if r in pinned] or out
         return out
 
     def regional_offer(self, offer: Offer, region: str) -> Offer | None:

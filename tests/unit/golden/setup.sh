@@ -31,5 +31,17 @@ export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"
 export LR=0.01
 mkdir -p "$GTRAIN_CHECKPOINT_DIR"
 
+# `python`, `python3` and `pip` in setup are the job's interpreter (job.python), the one its ranks run with,
+# not whatever comes first on PATH.
+__gtrain_py=$(command -v python3) || { printf 'gtrain: job.python %s is not on this node\n' python3 >&2; exit 127; }
+__gtrain_py="'${__gtrain_py//\'/\'\\\'\'}'"  # single-quoted for the sh scripts below
+__gtrain_bin=/home/u/gtrain/demo/jobs/demo-20260101-000000-abcd/bin
+mkdir -p "$__gtrain_bin"
+printf '#!/bin/sh\nexec %s "$@"\n' "$__gtrain_py" > "$__gtrain_bin/python"
+printf '#!/bin/sh\nexec %s "$@"\n' "$__gtrain_py" > "$__gtrain_bin/python3"
+printf '#!/bin/sh\nexec %s -m pip "$@"\n' "$__gtrain_py" > "$__gtrain_bin/pip"
+chmod +x "$__gtrain_bin/python" "$__gtrain_bin/python3" "$__gtrain_bin/pip"
+export PATH="$__gtrain_bin:$PATH"
+unset __gtrain_py __gtrain_bin
 cd /home/u/gtrain/demo/workdir
 bash -eo pipefail -c 'pip install -r requirements.txt'
