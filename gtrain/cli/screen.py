@@ -12,6 +12,8 @@ LAST_LINES = 12
 _DUMP_START = re.compile(r"^Traceback \(most recent call last\):\s*$")
 _DUMP_ERROR = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
 _AGENT = "torch.distributed.elastic."
+_AGENT_FRAME = "/torch/distributed/"  # a traceback through torchrun's own code (its agent, its store)
+_CHAIN = ("The above exception was the direct cause", "During handling of the above exception")
 _HELD_MAX = 400  # a traceback longer than this is shown as it is
 
 
@@ -38,6 +40,7 @@ class Screen:
         self.held: dict[int, list[str]] = {}
         self.in_dump: dict[int, int] = {}  # node -> '=====' rules seen inside the report
         self.last: dict[tuple[int, int | None], deque[str]] = {}
+        self.chained: set[int] = set()  # nodes just past a collapsed torchrun traceback (its chain follows)
 
     def feed(self, node: int, rank: int | None, text: str) -> list[str]:
         """The texts to show for one line of node ``node`` (``rank`` None: the node's own launcher)."""
@@ -58,6 +61,11 @@ class Screen:
                     del self.in_dump[node]
             return []
         held = self.held.get(node)
+        if held is None and node in self.chained:
+            if text == "" or text.startswith(_CHAIN):
+                return []
+            if not _DUMP_START.match(text):
+                self.chained.discard(node)
         if held is None:
             if _DUMP_START.match(text):
                 self.held[node] = [text]
@@ -70,9 +78,11 @@ class Screen:
                     f"(`gtrain logs CLUSTER --node {node}`)"]
         held.append(text)
         ended = not (text.startswith((" ", "\t")) or text == "")
-        if ended and text.startswith(_AGENT):  # torchrun's own (stopped by a signal): its last line says it
+        if ended and (text.startswith(_AGENT) or any(_AGENT_FRAME in h for h in held)):
+            # torchrun's own (stopped by a signal, or its store gone with the node that held it): one line
             del self.held[node]
-            return [f"torchrun: {text[len(_AGENT):].split('.')[-1] if ':' not in text else _short(text)} "
+            self.chained.add(node)
+            return [f"torchrun: {text.rsplit('.', 1)[-1] if ':' not in text else _short(text)} "
                     "(its traceback is in the log)"]
         if len(held) > _HELD_MAX or ended:
             return self.flush(node)  # a traceback of something else: its last line ends it
