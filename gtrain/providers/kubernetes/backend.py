@@ -99,6 +99,7 @@ class KubernetesBackend(JobBackend):
 
     def submit(self, plan: JobPlan, report: Reporter | None = None) -> str:
         from lightkube import codecs
+        from lightkube.types import CascadeType
 
         rep = report or SILENT
         made: list[Any] = []
@@ -110,7 +111,8 @@ class KubernetesBackend(JobBackend):
         except BaseException:
             for res in reversed(made):  # nothing of the job is left when one object is refused
                 try:
-                    self.client.delete(type(res), res.metadata.name, namespace=self.namespace, cascade="Foreground")
+                    self.client.delete(type(res), res.metadata.name, namespace=self.namespace,
+                                       cascade=CascadeType.FOREGROUND)
                 except Exception:  # noqa: BLE001  (best effort; the original error is what the user needs)
                     pass
             raise
@@ -154,7 +156,9 @@ class KubernetesBackend(JobBackend):
 
         kjob, pods = self._objects(job)
         suspended, failed = job_flags(kjob)
-        statuses = [pod_status(k, pods.get(k), suspended) for k in range(self.num_nodes)]
+        statuses = [pod_status(k, pods.get(k), suspended) if pods.get(k) is not None or not failed else
+                    NodeJobStatus(k, JobState.CANCELLED, CANCEL_EXIT, "pod deleted: the Job failed")
+                    for k in range(self.num_nodes)]
         if kjob is None and job.info.get("k8s_name"):  # deleted (cancel/down): what is not over was cancelled
             statuses = [s if s.state.terminal else NodeJobStatus(s.node, JobState.CANCELLED, CANCEL_EXIT, "deleted")
                         for s in statuses]

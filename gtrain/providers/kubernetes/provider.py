@@ -161,6 +161,7 @@ class KubernetesProvider(Provider):
         left."""
         from lightkube.resources.batch_v1 import Job
         from lightkube.resources.core_v1 import ConfigMap, Pod, Service
+        from lightkube.types import CascadeType
 
         c = self.client(cluster)
         ns = (cluster.extra.get("kubernetes") or {}).get("namespace") or "default"
@@ -169,7 +170,7 @@ class KubernetesProvider(Provider):
                 found = list(c.list(kind, namespace=ns, labels=selector))
             for obj in found:
                 try:
-                    c.delete(kind, obj.metadata.name, namespace=ns, cascade="Foreground",
+                    c.delete(kind, obj.metadata.name, namespace=ns, cascade=CascadeType.FOREGROUND,
                              grace_period=int(grace_s) if kind is Pod else None)
                 except Exception as e:
                     if not is_not_found(e):
