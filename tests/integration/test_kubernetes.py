@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,8 +34,9 @@ def kube() -> Iterator[FakeKube]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def cli(kube: FakeKube, tmp: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    cfg = kube.kubeconfig(tmp / "kubeconfig")
+def cli(kube: FakeKube, tmp: Path, *args: str, timeout: float = 300,
+        token: str | None = None) -> subprocess.CompletedProcess[str]:
+    cfg = kube.kubeconfig(tmp / "kubeconfig", token)
     return subprocess.run([sys.executable, "-m", "gtrain", *args], capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL, env={**os.environ, "KUBECONFIG": str(cfg)})
 
@@ -71,3 +73,107 @@ def test_failing_rank_exit_code_comes_out(kube: FakeKube, tmp_path: Path) -> Non
               "--no-report", "--to", str(tmp_path / "pulled"))
     assert res.returncode == 7, (res.stdout + res.stderr)[-4000:]
     assert kube.labelled("gtrain.dev/cluster") == []
+
+
+def wait_for(what: Any, timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = what()
+        if got:
+            return got
+        time.sleep(0.2)
+    raise AssertionError("timed out")
+
+
+def follow_until(kube: FakeKube, tmp: Path, name: str, text: str, timeout: float = 60) -> str:
+    """`gtrain logs NAME -f` until a line says ``text`` (then stopped): what it printed."""
+    cfg = kube.kubeconfig(tmp / "kubeconfig")
+    proc = subprocess.Popen([sys.executable, "-m", "gtrain", "logs", name, "-f"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "KUBECONFIG": str(cfg)})
+    said = ""
+    deadline = time.monotonic() + timeout
+    try:
+        assert proc.stdout is not None
+        while time.monotonic() < deadline and text not in said:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            said += line
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    return said
+
+
+def running_pods(kube: FakeKube) -> list[dict[str, Any]]:
+    pods = kube.select("pods")
+    return pods if len(pods) == 2 and all(p["status"].get("phase") == "Running" for p in pods) else []
+
+
+def test_evicted_pod_is_preempted_and_down_leaves_nothing(kube: FakeKube, tmp_path: Path) -> None:
+    path = spec(tmp_path, "k8s-evict", "slurm_train.py --steps 600 --step-s 0.1")
+    assert cli(kube, tmp_path, "up", path).returncode == 0
+    res = cli(kube, tmp_path, "launch", path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    pods = wait_for(lambda: running_pods(kube))
+    victim = next(p for p in pods if p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == "1")
+    kube.evict("default", victim["metadata"]["name"])
+    st = wait_for(lambda: (r := cli(kube, tmp_path, "status", "k8s-evict")).returncode == 0
+                  and "preempted" in r.stdout and r.stdout)
+    assert "preempted" in st, st
+    down = cli(kube, tmp_path, "down", "k8s-evict", "--yes")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert kube.labelled("gtrain.dev/cluster") == [] and kube.select("pods") == []
+
+
+def test_down_mid_run_leaves_no_object(kube: FakeKube, tmp_path: Path) -> None:
+    path = spec(tmp_path, "k8s-down", "slurm_train.py --steps 600 --step-s 0.1")
+    assert cli(kube, tmp_path, "up", path).returncode == 0
+    assert cli(kube, tmp_path, "launch", path).returncode == 0
+    procs = [r.proc for r in wait_for(lambda: running_pods(kube) and list(kube.runs.values()))]
+    down = cli(kube, tmp_path, "down", "k8s-down", "--yes")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert kube.labelled("gtrain.dev/cluster") == []
+    assert all(p.poll() is not None for p in procs)  # the pods' processes are gone, not only their objects
+
+
+def test_pending_reasons_unschedulable_and_kueue(kube: FakeKube, tmp_path: Path) -> None:
+    big = spec(tmp_path, "k8s-big", "slurm_train.py --steps 1", gpus=16)
+    up = cli(kube, tmp_path, "up", big)
+    assert up.returncode == 0 and "cannot fit now: 0 of 2 node(s) have 16" in up.stdout + up.stderr, up.stderr
+    assert cli(kube, tmp_path, "launch", big).returncode == 0
+    said = follow_until(kube, tmp_path, "k8s-big", "Insufficient nvidia.com/gpu")
+    assert "is Pending (Unschedulable: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu" in said, said
+    assert "pending" in cli(kube, tmp_path, "status", "k8s-big").stdout
+    assert cli(kube, tmp_path, "down", "k8s-big", "--yes").returncode == 0
+
+    queued = spec(tmp_path, "k8s-q", "slurm_train.py --steps 1", queue="team-a")
+    assert cli(kube, tmp_path, "up", queued).returncode == 0
+    assert cli(kube, tmp_path, "launch", queued).returncode == 0
+    job = wait_for(lambda: kube.select("jobs"))[0]
+    assert job["spec"]["suspend"] is True and job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    said = follow_until(kube, tmp_path, "k8s-q", "waiting for admission")
+    assert "suspended: waiting for admission (Kueue)" in said and kube.select("pods") == [], said
+    kube.admit("default", job["metadata"]["name"])
+    wait_for(lambda: any(p["status"].get("phase") == "Succeeded" for p in kube.select("pods")))
+    assert cli(kube, tmp_path, "down", "k8s-q", "--yes").returncode == 0
+
+
+@pytest.mark.parametrize(("case", "field"), [
+    ("token", "kubernetes.context"), ("namespace", "kubernetes.namespace"), ("rbac", "create jobs"),
+    ("image", "job.image"), ("shm", "kubernetes.shm_gb")])
+def test_up_refuses_with_exit_2_and_creates_nothing(kube: FakeKube, tmp_path: Path, case: str, field: str) -> None:
+    path = spec(tmp_path, "k8s-bad", "slurm_train.py", **({"namespace": "nope"} if case == "namespace" else
+                                                          {"shm_gb": -1} if case == "shm" else {}))
+    if case == "image":
+        doc = yaml.safe_load(Path(path).read_text())
+        del doc["job"]["image"]
+        Path(path).write_text(yaml.safe_dump(doc))
+    if case == "rbac":
+        kube.denied.add(("create", "jobs"))
+    res = cli(kube, tmp_path, "up", path, token="not-the-token" if case == "token" else None)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert field in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert kube.objects == {}

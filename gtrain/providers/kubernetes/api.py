@@ -36,14 +36,15 @@ def translate(exc: BaseException, doing: str, namespace: str) -> BaseException:
         st = exc.status
         code, reason, msg = st.code or 0, st.reason or "", st.message or str(exc)
         if code == 401:
-            return ConfigError(f"kubernetes: {doing}: the API server refused the credentials (401 Unauthorized)",
+            return ConfigError(f"kubernetes.context: {doing}: the API server refused the kubeconfig's credentials "
+                               "(401 Unauthorized)",
                                hint="refresh the kubeconfig's token (or its exec plugin's login)",
                                field="kubernetes.context")
         if code == 403 and "exceeded quota" in msg:
             return ConfigError(f"kubernetes: {doing}: {msg}", field="resources.accelerators",
                                hint=f"the namespace {namespace!r} has a ResourceQuota: ask for less, or for more quota")
         if code == 403:
-            return ConfigError(f"kubernetes: {doing}: {msg} (403 Forbidden)", field="kubernetes.namespace",
+            return ConfigError(f"kubernetes.namespace: {doing}: {msg} (403 Forbidden)", field="kubernetes.namespace",
                                hint="grant the role create/get/list/watch/delete on jobs, pods, pods/log, services "
                                     f"and configmaps in {namespace!r}, or pick another kubernetes.namespace")
         if code == 404 and st.details is not None and st.details.kind == "namespaces":
