@@ -177,3 +177,30 @@ def test_up_refuses_with_exit_2_and_creates_nothing(kube: FakeKube, tmp_path: Pa
     assert res.returncode == 2, res.stdout + res.stderr
     assert field in res.stderr and "Traceback" not in res.stderr, res.stderr
     assert kube.objects == {}
+
+
+def test_dry_run_prints_the_objects_and_a_big_workdir_is_refused(kube: FakeKube, tmp_path: Path) -> None:
+    path = spec(tmp_path, "k8s-dry", "slurm_train.py", profile="coreweave")
+    kube.nodes.append(FakeNode("cw-0", {"gpu.nvidia.com/class": "H100_NVLINK_80GB"}, {"nvidia.com/gpu": "8"}))
+    assert cli(kube, tmp_path, "up", path).returncode == 0
+    res = cli(kube, tmp_path, "launch", path, "--dry-run")
+    assert res.returncode == 0, res.stdout + res.stderr
+    docs = list(yaml.safe_load_all(res.stdout.split("---- node 0: objects.yaml ----", 1)[1].split("# ----")[0]))
+    cm, svc, job = docs
+    assert (cm["kind"], svc["kind"], job["kind"]) == ("ConfigMap", "Service", "Job")
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+    js = job["spec"]
+    assert (js["completionMode"], js["completions"], js["parallelism"]) == ("Indexed", 2, 2)
+    pod = js["template"]["spec"]
+    assert pod["subdomain"] == svc["metadata"]["name"] == job["metadata"]["name"]
+    assert pod["nodeSelector"] == {"gpu.nvidia.com/class": "H100_NVLINK_80GB"}
+    limits = pod["containers"][0]["resources"]["limits"]
+    assert limits == {"nvidia.com/gpu": "8", "rdma/ib": "1"}
+    assert pod["containers"][0]["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+    assert all(o["metadata"]["labels"]["gtrain.dev/cluster"].startswith("k8s-dry-") for o in docs)
+    name = job["metadata"]["name"]
+    assert f"--rdzv_endpoint='{name}-0.{name}:" in res.stdout  # pod 0's stable name, through the Service
+    assert [m for m, _ in kube.requests if m == "POST"] == ["POST"] * 6  # up's access reviews; nothing created
+    (tmp_path / "work" / "blob.bin").write_bytes(os.urandom(800 * 1024))
+    big = cli(kube, tmp_path, "launch", path, "--dry-run")
+    assert big.returncode == 2 and "job.workdir" in big.stderr and "700 KiB" in big.stderr, big.stderr

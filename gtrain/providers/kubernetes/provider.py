@@ -61,7 +61,7 @@ class KubernetesProvider(Provider):
             max_hours=spec.policies.max_hours,
             notes=["creates nothing at `up`: each launch is an Indexed Job of "
                    f"{spec.num_nodes} pod(s) with a headless Service and a ConfigMap (`launch --dry-run` prints them)",
-                   f"charged ${rate}/GPU-hour x GPUs of each pod slot from `up` to `down` (kubernetes.price_per_gpu_hour"
+                   f"charged ${rate}/GPU-hour x GPUs per pod slot, `up` to `down` (kubernetes.price_per_gpu_hour"
                    + (", CoreWeave's list price" if opts.profile == "coreweave" and opts.price_per_gpu_hour is None
                       else "") + ")"])
 
