@@ -132,7 +132,8 @@ def test_down_mid_run_leaves_no_object(kube: FakeKube, tmp_path: Path) -> None:
     path = spec(tmp_path, "k8s-down", "slurm_train.py --steps 600 --step-s 0.1")
     assert cli(kube, tmp_path, "up", path).returncode == 0
     assert cli(kube, tmp_path, "launch", path).returncode == 0
-    procs = [r.proc for r in wait_for(lambda: running_pods(kube) and list(kube.runs.values()))]
+    wait_for(lambda: running_pods(kube))
+    procs = [r.proc for r in kube.runs.values()]
     down = cli(kube, tmp_path, "down", "k8s-down", "--yes")
     assert down.returncode == 0, down.stdout + down.stderr
     assert kube.labelled("gtrain.dev/cluster") == []

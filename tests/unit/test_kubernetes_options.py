@@ -26,7 +26,7 @@ def spec(job: dict[str, Any] | None = None, **kube: object) -> Any:
     ({"gpu_resource": "nvidia com/gpu"}, "kubernetes.gpu_resource"),
     ({"tolerations": [{"operator": "Maybe"}]}, "kubernetes.tolerations"),
 ])
-def test_bad_fields_are_config_errors_naming_the_field(section: dict[str, object], field: str) -> None:
+def test_bad_fields_are_config_errors_naming_the_field(section: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError) as e:
         parse_options(spec(**section))
     assert e.value.field is not None and e.value.field.startswith(field) and e.value.exit_code == 2
