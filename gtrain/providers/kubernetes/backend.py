@@ -159,6 +159,10 @@ class KubernetesBackend(JobBackend):
         statuses = [pod_status(k, pods.get(k), suspended) if pods.get(k) is not None or not failed else
                     NodeJobStatus(k, JobState.CANCELLED, CANCEL_EXIT, "pod deleted: the Job failed")
                     for k in range(self.num_nodes)]
+        for s in statuses:  # a pod that succeeded has no termination message: its log's tail says its ranks
+            pod = pods.get(s.node)
+            if s.state is JobState.SUCCEEDED and not s.ranks and pod is not None:
+                s.ranks = self._ranks_of(pod["metadata"]["name"], int(job.info.get("nproc_per_node") or 1))
         if kjob is None and job.info.get("k8s_name"):  # deleted (cancel/down): what is not over was cancelled
             statuses = [s if s.state.terminal else NodeJobStatus(s.node, JobState.CANCELLED, CANCEL_EXIT, "deleted")
                         for s in statuses]
@@ -169,6 +173,14 @@ class KubernetesBackend(JobBackend):
                                  or s.state is JobState.PREEMPTED or s.detail.startswith("OOMKilled")), "")
         picked = [s for s in statuses if nodes is None or s.node in nodes]
         return JobDescription(job.id, state, code, picked, reason)
+
+    def _ranks_of(self, pod: str, nproc: int) -> list[Any]:
+        from gtrain.providers.kubernetes.states import rank_exits
+
+        cache: dict[str, list[Any]] = self.__dict__.setdefault("_rank_cache", {})
+        if pod not in cache:  # an ended pod's log does not change: read once
+            cache[pod] = rank_exits("\n".join(self._log_lines(pod, False, nproc + 2)))
+        return cache[pod]
 
     def cancel(self, job: JobRecord, nodes: list[int] | None = None, grace_s: float = 10) -> None:
         """Delete the job's objects (foreground: the Job goes after its pods) and wait until no pod is left."""

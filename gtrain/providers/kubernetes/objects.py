@@ -50,7 +50,7 @@ done; wait) &
 wait "$lp"; rc=$?
 while kill -0 "$lp" 2>/dev/null; do wait "$lp"; rc=$?; done
 wait
-[ "$rc" = 0 ] || for f in "$D"/logs/rank-*.exit; do  # read back from the termination message (the log's tail)
+for f in "$D"/logs/rank-*.exit; do  # read back from the log's tail (a failed pod's termination message)
   [ -e "$f" ] || continue
   r=${f##*/rank-}; echo "[gtrain] rank-exit ${r%.exit} $(cat "$f")"
 done
