@@ -177,9 +177,9 @@ def processes_of(name: str, job_id: str) -> list[str]:
         if b.name == "kubernetes":  # no runners (pods are the fake kubelet's processes): this machine's /proc
             import subprocess
 
-            res = subprocess.run(f"grep -las 'GTRAIN_JOB_ID={job_id}' /proc/[0-9]*/environ || true", shell=True,
+            got = subprocess.run(f"grep -las 'GTRAIN_JOB_ID={job_id}' /proc/[0-9]*/environ || true", shell=True,
                                  capture_output=True, text=True)
-            return [f"local:{p}" for p in res.stdout.split() if p]
+            return [f"local:{p}" for p in got.stdout.split() if p]
         for r in ctx.runners(ctx.cluster(name)):
             res = r.run(f"grep -las 'GTRAIN_JOB_ID={job_id}' /proc/[0-9]*/environ || true", check=False)
             out += [f"{r.label}:{p}" for p in res.stdout.split() if p]
