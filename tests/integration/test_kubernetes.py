@@ -205,3 +205,25 @@ def test_dry_run_prints_the_objects_and_a_big_workdir_is_refused(kube: FakeKube,
     (tmp_path / "work" / "blob.bin").write_bytes(os.urandom(800 * 1024))
     big = cli(kube, tmp_path, "launch", path, "--dry-run")
     assert big.returncode == 2 and "job.workdir" in big.stderr and "700 KiB" in big.stderr, big.stderr
+
+
+def test_api_errors_409_and_422_are_said_with_the_field(kube: FakeKube, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from lightkube import codecs
+
+    from gtrain.errors import ConfigError
+    from gtrain.providers.kubernetes.api import call, client
+
+    monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig(tmp_path / "kubeconfig")))
+    c = client(None, "default")
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": "default"}, "data": {}}
+    call(c.create, "create ConfigMap x", "default", codecs.from_dict(cm))
+    with pytest.raises(ConfigError) as e:
+        call(c.create, "create ConfigMap x", "default", codecs.from_dict(cm))
+    assert "409 AlreadyExists" in e.value.message and e.value.exit_code == 2
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "namespace": "default"},
+           "spec": {"completionMode": "Indexed", "template": {"spec": {"containers": [{"name": "c", "image": "i"}]}}}}
+    with pytest.raises(ConfigError) as e:
+        call(c.create, "create Job j", "default", codecs.from_dict(job))
+    assert "spec.completions: Required value" in e.value.message and "422 Invalid" in e.value.message
+    assert ("jobs", "default", "j") not in kube.objects
