@@ -15,6 +15,7 @@ REGISTRY: dict[str, str] = {
     "gcp": "gtrain.providers.gcp:GCPProvider",
     "ssh": "gtrain.providers.ssh:SSHProvider",
     "slurm": "gtrain.providers.slurm:SlurmProvider",
+    "kubernetes": "gtrain.providers.kubernetes:KubernetesProvider",
 }
 
 #: names a spec may give that no registered provider serves yet, with what to say

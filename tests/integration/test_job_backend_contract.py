@@ -29,7 +29,7 @@ from gtrain.state import Job as JobRecord
 
 JOBS = Path(__file__).parent / "jobs"
 RELAY = Path(__file__).parent / "node_relay.py"
-BACKENDS = ["local", "ssh", "aws", "gcp", "fake", "slurm"]
+BACKENDS = ["local", "ssh", "aws", "gcp", "fake", "slurm", "kubernetes"]
 
 
 def _job(work: Path) -> dict[str, Any]:
@@ -54,6 +54,12 @@ def spec_for(provider: str, request: pytest.FixtureRequest, tmp: Path, work: Pat
     if provider == "slurm":  # a real slurmctld + 2 slurmd (tests/fixtures/slurm.py); the nodes share one disk
         c = request.getfixturevalue("slurm_cluster")
         base["slurm"] = {"partition": c.partition, "shared_dir": str(c.shared), "conf": c.conf}
+        return base
+    if provider == "kubernetes":  # tests/fixtures/fake_kube.py: an API server whose kubelet runs real pods
+        kube = request.getfixturevalue("fake_kube_server")
+        os.environ["KUBECONFIG"] = str(kube.kubeconfig(tmp / "kubeconfig"))
+        base["job"]["image"] = "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
+        base["kubernetes"] = {"shm_gb": 0}
         return base
     if provider == "ssh":
         hosts = request.getfixturevalue("ssh_hosts")
@@ -86,6 +92,16 @@ def spec_for(provider: str, request: pytest.FixtureRequest, tmp: Path, work: Pat
         base["resources"] = {"accelerators": "T4:1", "region": "us-central1", "disk_gb": 50}
         base["gcp"] = section
     return base
+
+
+@pytest.fixture(scope="module")
+def fake_kube_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from tests.fixtures.fake_kube import FakeKube, FakeNode
+
+    kube = FakeKube(tmp_path_factory.mktemp("kube"), nodes=[FakeNode(f"n{i}", {}, {}) for i in range(2)]).start()
+    yield kube
+    kube.stop()
+    os.environ.pop("KUBECONFIG", None)
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -156,8 +172,14 @@ def wait_state(name: str, job_id: str, want: Callable[[JobState], bool], timeout
 
 def processes_of(name: str, job_id: str) -> list[str]:
     """Every process on every node whose environment names the job (anything left running)."""
-    def on_nodes(ctx: Context, _b: JobBackend) -> list[str]:
-        out = []
+    def on_nodes(ctx: Context, b: JobBackend) -> list[str]:
+        out: list[str] = []
+        if b.name == "kubernetes":  # no runners (pods are the fake kubelet's processes): this machine's /proc
+            import subprocess
+
+            got = subprocess.run(f"grep -las 'GTRAIN_JOB_ID={job_id}' /proc/[0-9]*/environ || true", shell=True,
+                                 capture_output=True, text=True)
+            return [f"local:{p}" for p in got.stdout.split() if p]
         for r in ctx.runners(ctx.cluster(name)):
             res = r.run(f"grep -las 'GTRAIN_JOB_ID={job_id}' /proc/[0-9]*/environ || true", check=False)
             out += [f"{r.label}:{p}" for p in res.stdout.split() if p]

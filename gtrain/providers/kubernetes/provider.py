@@ -1,0 +1,217 @@
+"""The ``kubernetes`` provider: a namespace of a team's cluster (CoreWeave, GKE, EKS, on-premise).
+
+``up`` checks access and capacity and creates nothing that holds GPUs: the API answers, the namespace exists,
+RBAC allows what a launch does (SelfSubjectAccessReview), how many nodes carry the GPU label with enough
+allocatable GPUs. Jobs run through :class:`~gtrain.providers.kubernetes.backend.KubernetesBackend`. ``down``
+deletes every object labelled with the cluster id. The cost is each pod slot's time up (from `up` to `down`) x GPUs x
+``kubernetes.price_per_gpu_hour``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from gtrain.providers.base import IntervalCost, NodeStatus, Plan, Provider
+from gtrain.providers.kubernetes import objects as ko
+from gtrain.providers.kubernetes.api import call, edge, is_not_found
+from gtrain.providers.kubernetes.options import GPU_LABELS, KubernetesOptions, parse_options
+
+if TYPE_CHECKING:
+    from gtrain.jobs.backend import JobBackend
+    from gtrain.nodes import NodeRecord
+    from gtrain.remote.base import Runner
+    from gtrain.spec import ClusterSpec
+    from gtrain.state import Cluster, CostInterval
+
+#: what a launch does, checked at `up` (SelfSubjectAccessReview): (verb, group, resource)
+NEEDED = [("create", "batch", "jobs"), ("delete", "batch", "jobs"), ("list", "", "pods"), ("get", "", "pods/log"),
+          ("create", "", "services"), ("create", "", "configmaps")]
+
+
+class KubernetesProvider(Provider):
+    name = "kubernetes"
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self._clients: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def client(self, cluster: Cluster) -> Any:
+        from gtrain.providers.kubernetes.api import client
+
+        info = cluster.extra.get("kubernetes") or {}
+        with self._lock:
+            if cluster.id not in self._clients:
+                self._clients[cluster.id] = client(info.get("context"), info.get("namespace") or "default")
+            return self._clients[cluster.id]
+
+    # ---- plan / provision --------------------------------------------------------------------------
+
+    def plan(self, spec: ClusterSpec) -> Plan:
+        opts = parse_options(spec)
+        gpus = spec.resources.gpus_per_node if spec.resources.accelerators else 0
+        rate = opts.rate(spec.resources.gpu_name)
+        return Plan(
+            provider="kubernetes", num_nodes=spec.num_nodes,
+            instance_type=f"pod:{gpus}x{spec.resources.gpu_name or 'cpu'}",
+            market="kubernetes", region=f"{opts.context or 'current context'}/{opts.namespace}",
+            gpu_name=spec.resources.gpu_name, gpus_per_node=gpus, price_per_hour=rate * gpus,
+            max_hours=spec.policies.max_hours,
+            notes=["creates nothing at `up`: each launch is an Indexed Job of "
+                   f"{spec.num_nodes} pod(s) with a headless Service and a ConfigMap (`launch --dry-run` prints them)",
+                   f"charged ${rate}/GPU-hour x GPUs per pod slot, `up` to `down` (kubernetes.price_per_gpu_hour"
+                   + (", CoreWeave's list price" if opts.profile == "coreweave" and opts.price_per_gpu_hour is None
+                      else "") + ")"])
+
+    def provision(self, spec: ClusterSpec, cluster: Cluster, plan: Plan) -> None:
+        from gtrain.providers.kubernetes.api import client
+
+        opts = parse_options(spec)
+        c = client(opts.context, opts.namespace)
+        label = self.check_cluster(spec, opts, c)
+        extra = {**cluster.extra, "kubernetes": {"context": opts.context, "namespace": opts.namespace,
+                                                 "gpu_label": list(label) if label else None}}
+        self.store.update_cluster(cluster.id, extra=extra)
+        cluster.extra = extra
+        with self._lock:
+            self._clients[cluster.id] = c
+        for k in range(spec.num_nodes):
+            self.store.upsert_node(cluster.id, k, status="up", address=f"pod {k}",
+                                   instance_id=f"kubernetes:{opts.namespace}/pod-{k}", meta={})
+        self.report.info(f"kubernetes namespace {opts.namespace} recorded: each launch is an Indexed Job there")
+
+    def check_cluster(self, spec: ClusterSpec, opts: KubernetesOptions, c: Any) -> tuple[str, str] | None:
+        """The API answers, the namespace exists, RBAC allows a launch; the nodes that fit, said plainly.
+        Returns the GPU node label (key, value) the pods will select, when one is known."""
+        from lightkube.resources.core_v1 import Namespace, Node
+
+        ns = opts.namespace
+        try:
+            c.get(Namespace, ns)
+        except Exception as e:
+            if not is_not_found(e):
+                with edge(f"get namespace {ns}", ns):
+                    raise
+            from gtrain.errors import ConfigError
+
+            raise ConfigError(f"kubernetes.namespace: {ns!r} does not exist, nothing was created",
+                              hint=f"`kubectl create namespace {ns}`, or another kubernetes.namespace",
+                              field="kubernetes.namespace") from None
+        from lightkube import codecs
+
+        denied = []
+        for verb, group, resource in NEEDED:
+            res, _, sub = resource.partition("/")
+            review = codecs.from_dict({"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                                       "spec": {"resourceAttributes": {"namespace": ns, "verb": verb, "group": group,
+                                                                       "resource": res, "subresource": sub or None}}})
+            got = call(c.create, "create SelfSubjectAccessReview", ns, review)
+            if not (got.status and got.status.allowed):
+                denied.append(f"{verb} {resource}")
+        if denied:
+            from gtrain.errors import ConfigError
+
+            raise ConfigError(f"kubernetes.namespace: RBAC denies {', '.join(denied)} in {ns!r}, nothing was created",
+                              hint="ask for a Role granting jobs, pods, pods/log, services and configmaps there",
+                              field="kubernetes.namespace")
+        gpus = spec.resources.gpus_per_node if spec.resources.accelerators else 0
+        try:
+            nodes = [n.to_dict() for n in c.list(Node)]
+        except Exception as e:  # noqa: BLE001  listing nodes is cluster-scoped: many namespaces' users may not
+            self.report.info(f"cannot list nodes ({type(e).__name__}); capacity not checked")
+            return None
+        key = opts.label_key() or next((k for k in GPU_LABELS if any(k in (n["metadata"].get("labels") or {})
+                                                                      for n in nodes)), None)
+        value = opts.label_value(key, spec.resources.gpu_name) if key else None
+        fit = []
+        for n in nodes:
+            nl = n["metadata"].get("labels") or {}
+            if any(nl.get(k) != v for k, v in opts.node_selector.items()):
+                continue
+            named = str(nl.get(key, "")).lower() if key else ""
+            if gpus and key and spec.resources.gpu_name and not (
+                    (value and nl.get(key) == value) or spec.resources.gpu_name.lower() in named):
+                continue
+            alloc = int(str((n.get("status") or {}).get("allocatable", {}).get(opts.gpu_resource, "0")) or 0)
+            if alloc >= gpus:
+                fit.append((n["metadata"]["name"], nl.get(key) if key else None))
+        said = f"{len(fit)} of {len(nodes)} node(s) have {gpus} allocatable {opts.gpu_resource}" + (
+            f" and {key}={value or spec.resources.gpu_name}" if gpus and key else "")
+        if len(fit) < spec.num_nodes:
+            self.report.info(f"the request cannot fit now: {said}, num_nodes is {spec.num_nodes} (pods will wait "
+                             "Pending until the cluster has room)")
+        else:
+            self.report.info(f"capacity: {said}")
+        if gpus and key and spec.resources.gpu_name:
+            found = value or next((v for _, v in fit if v), None)
+            return (key, found) if found else None
+        return None
+
+    # ---- describe / terminate ----------------------------------------------------------------------
+
+    def describe(self, cluster: Cluster) -> list[NodeStatus]:
+        ns = (cluster.extra.get("kubernetes") or {}).get("namespace") or "default"
+        return [NodeStatus(n.rank, "running" if n.status == "up" else n.status, n.address, f"namespace {ns}")
+                for n in self.store.nodes(cluster.id)]
+
+    def delete_labelled(self, cluster: Cluster, selector: dict[str, str], grace_s: float = 10) -> None:
+        """Delete the Jobs (foreground), pods, Services and ConfigMaps with these labels; wait until no pod is
+        left."""
+        from lightkube.resources.batch_v1 import Job
+        from lightkube.resources.core_v1 import ConfigMap, Pod, Service
+        from lightkube.types import CascadeType
+
+        c = self.client(cluster)
+        ns = (cluster.extra.get("kubernetes") or {}).get("namespace") or "default"
+        for kind in (Job, Pod, Service, ConfigMap):
+            with edge(f"list {kind.__name__}s labelled {selector}", ns):
+                found = list(c.list(kind, namespace=ns, labels=selector))
+            for obj in found:
+                try:
+                    c.delete(kind, obj.metadata.name, namespace=ns, cascade=CascadeType.FOREGROUND,
+                             grace_period=int(grace_s) if kind is Pod else None)
+                except Exception as e:
+                    if not is_not_found(e):
+                        with edge(f"delete {kind.__name__} {obj.metadata.name}", ns):
+                            raise
+        deadline = time.monotonic() + grace_s + 60
+        while time.monotonic() < deadline:
+            with edge("list pods", ns):
+                if not list(c.list(Pod, namespace=ns, labels=selector)):
+                    return
+            time.sleep(0.2)
+
+    def terminate(self, cluster: Cluster) -> None:
+        if cluster.extra.get("kubernetes"):
+            self.delete_labelled(cluster, {ko.LABEL_CLUSTER: cluster.id[:63]})
+        for res in self.store.resources(cluster.id, live_only=True):
+            self.store.mark_resource(res.id, "deleted")
+
+    def runners(self, cluster: Cluster) -> list[Runner]:
+        return []  # pods' disks are ephemeral: checkpoints leave through job.checkpoint_store (or a volume)
+
+    def node_records(self, cluster: Cluster) -> list[NodeRecord]:
+        return self.store.node_records(cluster.id)
+
+    def job_backend(self, cluster: Cluster) -> JobBackend:
+        from gtrain.providers.kubernetes.backend import KubernetesBackend
+
+        return KubernetesBackend(self, cluster)
+
+    # ---- cost --------------------------------------------------------------------------------------
+
+    def price(self, cluster: Cluster, interval: CostInterval) -> IntervalCost:
+        from gtrain.spec import Resources
+
+        res = cluster.spec.get("resources") or {}
+        r = Resources.model_validate(res)
+        gpus = r.gpus_per_node if res.get("accelerators") else 0
+        opts = KubernetesOptions.model_validate(cluster.spec.get("kubernetes") or {})
+        rate = opts.rate(r.gpu_name)
+        seconds = max(0.0, (interval.stopped_at or time.time()) - interval.started_at)  # this pod slot's
+        gpu_h = seconds * gpus / 3600
+        return IntervalCost(round(gpu_h * rate, 6), estimate=True,
+                            note=f"{seconds / 3600:.4f} hour(s) up x {gpus} GPU(s) = {gpu_h:.4f} GPU-hour(s) x "
+                                 f"${rate}/GPU-hour")

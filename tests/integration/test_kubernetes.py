@@ -1,0 +1,229 @@
+"""provider: kubernetes against tests/fixtures/fake_kube.py (an API server at the wire whose kubelet runs each
+pod as real processes): `gtrain run` of a 2-pod x 2-process torchrun job, a failing rank's exit code, `down`
+mid-run leaving no labelled object, an evicted pod as PREEMPTED, pending reasons, the API's errors at `up`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.fixtures.fake_kube import FakeKube, FakeNode
+
+JOBS = Path(__file__).parent / "jobs"
+H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+
+
+@pytest.fixture
+def kube() -> Iterator[FakeKube]:
+    root = Path(tempfile.mkdtemp(prefix="gtrain-kube-"))
+    k = FakeKube(root, nodes=[FakeNode(f"gpu-{i}", dict(H100), {"nvidia.com/gpu": "8"}) for i in range(2)]).start()
+    try:
+        yield k
+    finally:
+        k.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def cli(kube: FakeKube, tmp: Path, *args: str, timeout: float = 300,
+        token: str | None = None) -> subprocess.CompletedProcess[str]:
+    cfg = kube.kubeconfig(tmp / "kubeconfig", token)
+    return subprocess.run([sys.executable, "-m", "gtrain", *args], capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL, env={**os.environ, "KUBECONFIG": str(cfg)})
+
+
+def spec(tmp: Path, name: str, run: str, gpus: int = 8, **kube: Any) -> str:
+    work = tmp / "work"
+    work.mkdir(exist_ok=True)
+    shutil.copy(JOBS / "slurm_train.py", work / "slurm_train.py")
+    doc = {"name": name, "provider": "kubernetes", "num_nodes": 2, "resources": {"accelerators": f"H100:{gpus}"},
+           "kubernetes": {"shm_gb": 0, **kube},
+           "job": {"image": "nvcr.io/nvidia/pytorch:25.01-py3", "workdir": str(work), "run": run,
+                   "nproc_per_node": 2, "python": sys.executable, "env": {"OMP_NUM_THREADS": "1"}}}
+    p = tmp / f"{name}.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    return str(p)
+
+
+def test_run_two_pods_four_ranks(kube: FakeKube, tmp_path: Path) -> None:
+    res = cli(kube, tmp_path, "run", spec(tmp_path, "k8s-run", "slurm_train.py --steps 3"), "--no-report",
+              "--to", str(tmp_path / "pulled"))
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-4000:]
+    for r in range(4):  # every rank's lines, from the pods' logs
+        assert f"slurm rank {r}/4" in out, out[-4000:]
+        assert f"slurm rank {r} step 3 sum 10.0" in out, out[-4000:]
+    assert "created as Indexed Job" in out
+    assert kube.labelled("gtrain.dev/cluster") == []  # down deleted every object of the cluster
+    posted = [p for m, p in kube.requests if m == "POST"]
+    assert any(p.endswith("/jobs") for p in posted) and any(p.endswith("/services") for p in posted)
+
+
+def test_failing_rank_exit_code_comes_out(kube: FakeKube, tmp_path: Path) -> None:
+    res = cli(kube, tmp_path, "run", spec(tmp_path, "k8s-fail", "slurm_train.py --steps 1 --exit-code 7"),
+              "--no-report", "--to", str(tmp_path / "pulled"))
+    assert res.returncode == 7, (res.stdout + res.stderr)[-4000:]
+    assert kube.labelled("gtrain.dev/cluster") == []
+
+
+def wait_for(what: Any, timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = what()
+        if got:
+            return got
+        time.sleep(0.2)
+    raise AssertionError("timed out")
+
+
+def follow_until(kube: FakeKube, tmp: Path, name: str, text: str, timeout: float = 60) -> str:
+    """`gtrain logs NAME -f` until a line says ``text`` (then stopped): what it printed."""
+    cfg = kube.kubeconfig(tmp / "kubeconfig")
+    proc = subprocess.Popen([sys.executable, "-m", "gtrain", "logs", name, "-f"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "KUBECONFIG": str(cfg)})
+    said = ""
+    deadline = time.monotonic() + timeout
+    try:
+        assert proc.stdout is not None
+        while time.monotonic() < deadline and text not in said:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            said += line
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    return said
+
+
+def running_pods(kube: FakeKube) -> list[dict[str, Any]]:
+    pods = kube.select("pods")
+    return pods if len(pods) == 2 and all(p["status"].get("phase") == "Running" for p in pods) else []
+
+
+def test_evicted_pod_is_preempted_and_down_leaves_nothing(kube: FakeKube, tmp_path: Path) -> None:
+    path = spec(tmp_path, "k8s-evict", "slurm_train.py --steps 600 --step-s 0.1")
+    assert cli(kube, tmp_path, "up", path).returncode == 0
+    res = cli(kube, tmp_path, "launch", path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    pods = wait_for(lambda: running_pods(kube))
+    victim = next(p for p in pods if p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == "1")
+    kube.evict("default", victim["metadata"]["name"])
+    st = wait_for(lambda: (r := cli(kube, tmp_path, "status", "k8s-evict")).returncode == 0
+                  and "preempted" in r.stdout and r.stdout)
+    assert "preempted" in st, st
+    down = cli(kube, tmp_path, "down", "k8s-evict", "--yes")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert kube.labelled("gtrain.dev/cluster") == [] and kube.select("pods") == []
+
+
+def test_down_mid_run_leaves_no_object(kube: FakeKube, tmp_path: Path) -> None:
+    path = spec(tmp_path, "k8s-down", "slurm_train.py --steps 600 --step-s 0.1")
+    assert cli(kube, tmp_path, "up", path).returncode == 0
+    assert cli(kube, tmp_path, "launch", path).returncode == 0
+    wait_for(lambda: running_pods(kube))
+    procs = [r.proc for r in kube.runs.values()]
+    down = cli(kube, tmp_path, "down", "k8s-down", "--yes")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert kube.labelled("gtrain.dev/cluster") == []
+    assert all(p.poll() is not None for p in procs)  # the pods' processes are gone, not only their objects
+
+
+def test_pending_reasons_unschedulable_and_kueue(kube: FakeKube, tmp_path: Path) -> None:
+    big = spec(tmp_path, "k8s-big", "slurm_train.py --steps 1", gpus=16)
+    up = cli(kube, tmp_path, "up", big)
+    assert up.returncode == 0 and "cannot fit now: 0 of 2 node(s) have 16" in up.stdout + up.stderr, up.stderr
+    assert cli(kube, tmp_path, "launch", big).returncode == 0
+    said = follow_until(kube, tmp_path, "k8s-big", "Insufficient nvidia.com/gpu")
+    assert "is Pending (Unschedulable: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu" in said, said
+    assert "pending" in cli(kube, tmp_path, "status", "k8s-big").stdout
+    assert cli(kube, tmp_path, "down", "k8s-big", "--yes").returncode == 0
+
+    queued = spec(tmp_path, "k8s-q", "slurm_train.py --steps 1", queue="team-a")
+    assert cli(kube, tmp_path, "up", queued).returncode == 0
+    assert cli(kube, tmp_path, "launch", queued).returncode == 0
+    job = wait_for(lambda: kube.select("jobs"))[0]
+    assert job["spec"]["suspend"] is True and job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    said = follow_until(kube, tmp_path, "k8s-q", "waiting for admission")
+    assert "suspended: waiting for admission (Kueue)" in said and kube.select("pods") == [], said
+    kube.admit("default", job["metadata"]["name"])
+    wait_for(lambda: any(p["status"].get("phase") == "Succeeded" for p in kube.select("pods")))
+    assert cli(kube, tmp_path, "down", "k8s-q", "--yes").returncode == 0
+
+
+@pytest.mark.parametrize(("case", "field"), [
+    ("token", "kubernetes.context"), ("namespace", "kubernetes.namespace"), ("rbac", "create jobs"),
+    ("image", "job.image"), ("shm", "kubernetes.shm_gb")])
+def test_up_refuses_with_exit_2_and_creates_nothing(kube: FakeKube, tmp_path: Path, case: str, field: str) -> None:
+    path = spec(tmp_path, "k8s-bad", "slurm_train.py", **({"namespace": "nope"} if case == "namespace" else
+                                                          {"shm_gb": -1} if case == "shm" else {}))
+    if case == "image":
+        doc = yaml.safe_load(Path(path).read_text())
+        del doc["job"]["image"]
+        Path(path).write_text(yaml.safe_dump(doc))
+    if case == "rbac":
+        kube.denied.add(("create", "jobs"))
+    res = cli(kube, tmp_path, "up", path, token="not-the-token" if case == "token" else None)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert field in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert kube.objects == {}
+
+
+def test_dry_run_prints_the_objects_and_a_big_workdir_is_refused(kube: FakeKube, tmp_path: Path) -> None:
+    path = spec(tmp_path, "k8s-dry", "slurm_train.py", profile="coreweave")
+    kube.nodes.append(FakeNode("cw-0", {"gpu.nvidia.com/class": "H100_NVLINK_80GB"}, {"nvidia.com/gpu": "8"}))
+    assert cli(kube, tmp_path, "up", path).returncode == 0
+    res = cli(kube, tmp_path, "launch", path, "--dry-run")
+    assert res.returncode == 0, res.stdout + res.stderr
+    docs = list(yaml.safe_load_all(res.stdout.split("---- node 0: objects.yaml ----", 1)[1].split("# ----")[0]))
+    cm, svc, job = docs
+    assert (cm["kind"], svc["kind"], job["kind"]) == ("ConfigMap", "Service", "Job")
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+    js = job["spec"]
+    assert (js["completionMode"], js["completions"], js["parallelism"]) == ("Indexed", 2, 2)
+    pod = js["template"]["spec"]
+    assert pod["subdomain"] == svc["metadata"]["name"] == job["metadata"]["name"]
+    assert pod["nodeSelector"] == {"gpu.nvidia.com/class": "H100_NVLINK_80GB"}
+    limits = pod["containers"][0]["resources"]["limits"]
+    assert limits == {"nvidia.com/gpu": "8", "rdma/ib": "1"}
+    assert pod["containers"][0]["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+    assert all(o["metadata"]["labels"]["gtrain.dev/cluster"].startswith("k8s-dry-") for o in docs)
+    name = job["metadata"]["name"]
+    assert f"--rdzv_endpoint='{name}-0.{name}:" in res.stdout  # pod 0's stable name, through the Service
+    assert [m for m, _ in kube.requests if m == "POST"] == ["POST"] * 6  # up's access reviews; nothing created
+    (tmp_path / "work" / "blob.bin").write_bytes(os.urandom(800 * 1024))
+    big = cli(kube, tmp_path, "launch", path, "--dry-run")
+    assert big.returncode == 2 and "job.workdir" in big.stderr and "700 KiB" in big.stderr, big.stderr
+
+
+def test_api_errors_409_and_422_are_said_with_the_field(kube: FakeKube, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from lightkube import codecs
+
+    from gtrain.errors import ConfigError
+    from gtrain.providers.kubernetes.api import call, client
+
+    monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig(tmp_path / "kubeconfig")))
+    c = client(None, "default")
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": "default"}, "data": {}}
+    call(c.create, "create ConfigMap x", "default", codecs.from_dict(cm))
+    with pytest.raises(ConfigError) as e:
+        call(c.create, "create ConfigMap x", "default", codecs.from_dict(cm))
+    assert "409 AlreadyExists" in e.value.message and e.value.exit_code == 2
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "namespace": "default"},
+           "spec": {"completionMode": "Indexed", "template": {"spec": {"containers": [{"name": "c", "image": "i"}]}}}}
+    with pytest.raises(ConfigError) as e:
+        call(c.create, "create Job j", "default", codecs.from_dict(job))
+    assert "spec.completions: Required value" in e.value.message and "422 Invalid" in e.value.message
+    assert ("jobs", "default", "j") not in kube.objects
