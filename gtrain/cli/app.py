@@ -26,7 +26,7 @@ EXTRAS: dict[str, str] = {
     "paramiko": "ssh", "cryptography": "ssh", "bcrypt": "ssh", "nacl": "ssh",
     "boto3": "aws", "botocore": "aws", "s3transfer": "aws",
     "google": "gcp", "grpc": "gcp", "proto": "gcp",
-    "torch": "train", "numpy": "train",
+    "torch": "train", "numpy": "train", "lightkube": "kubernetes",
 }
 
 _TYPE_NAMES = {"str": "TEXT", "text": "TEXT", "int": "INTEGER", "integer": "INTEGER", "float": "FLOAT"}
