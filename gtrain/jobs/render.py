@@ -6,7 +6,15 @@ from __future__ import annotations
 
 from gtrain.jobs.templating import NodeContext, render, shell_quote, templates_dir
 
-__all__ = ["SCRIPTS", "NodeContext", "render", "render_all", "shell_quote", "templates_dir"]
+__all__ = ["SCRIPTS", "NodeContext", "container_command", "render", "render_all", "shell_quote", "templates_dir"]
+
+
+def container_command(ctx: NodeContext) -> str:
+    """The node's exact container command line (``launch.sh`` adds InfiniBand devices when the node has them;
+    the secrets go to it on stdin)."""
+    import shlex
+
+    return shlex.join([*ctx.container_argv, "bash", f"{ctx.job_dir}/container.sh"])
 
 SCRIPTS = ("launch.sh", "rank.sh", "setup.sh", "data.sh")
 
@@ -20,6 +28,12 @@ def render_all(ctx: NodeContext) -> dict[str, str]:
     command = launcher.node_command(ctx)
     out = {"launch.sh": render("launch.sh", ctx, launcher_command=command, launcher_name=launcher.name),
            **launcher.node_files(ctx), "command": command + "\n"}
+    if ctx.container_argv:  # job.image: launch.sh runs container.sh (the launcher) inside the node's container
+        from dataclasses import replace
+
+        inner = replace(ctx, checkpoint_store="")  # the checkpoint agent stays on the host, beside the job
+        out["container.sh"] = render("container.sh", inner, launcher_command=command)
+        out["command"] = container_command(ctx) + "\n"
     if ctx.setup:
         out["setup.sh"] = render("setup.sh", ctx)
     from gtrain.runlog import node_files
