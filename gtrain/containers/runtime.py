@@ -3,10 +3,11 @@ into ``launch.sh`` through the node-script seam (``templates/_launcher.sh.j2``).
 
 One container per node, named by cluster, job and node and labelled ``gtrain.cluster`` / ``gtrain.job``, so
 ``cancel``/``down`` find and remove it whatever happened to the launcher that started it. It shares the host's
-network and IPC (collectives, NCCL's shared memory), gets every GPU when the node has some, unlimited memlock and
-a large ``/dev/shm``, InfiniBand devices when the node has them, and the node's workdir and job folder at the
-same paths, so every path in the scripts means the same inside and out. Secrets never reach its argv or
-``docker inspect``: they go to the container on stdin (see ``templates/_launcher.sh.j2``).
+network, IPC and PID namespace (c10d names a rendezvous participant by host name and pid: two containers on one
+host would otherwise both be pid 7 of the same host name), gets every GPU when the node has some, unlimited
+memlock and InfiniBand devices where the node has them, a large ``/dev/shm``, and the node's workdir and job
+folder at the same paths, so every path in the scripts means the same inside and out. Secrets never reach its
+argv or ``docker inspect``: they go to the container on stdin (see ``templates/_launcher.sh.j2``).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ OWNED = {
     "--env-file": "use job.env / job.secrets", "-d": "gtrain runs the container attached",
     "--detach": "gtrain runs the container attached", "-i": "gtrain sets stdin", "--interactive": "gtrain sets stdin",
     "-t": "no terminal on nodes", "--tty": "no terminal on nodes", "--entrypoint": "gtrain sets the command",
-    "--init": "gtrain runs an init process", "--pid": "the launcher's process tree stays in the container",
+    "--init": "gtrain runs an init process",
+    "--pid": "gtrain shares the host's PID namespace (c10d names a node by host name and pid)",
 }
 VM_RUNTIMES = ("docker", "podman")
 
@@ -77,7 +79,7 @@ def run_argv(job: Job, *, cluster: str, job_id: str, node_rank: int, gpus: bool,
     rt = vm_runtime(job)
     argv = [rt, "run", "--rm", "-i", "--init", "--name", container_name(cluster, job_id, node_rank) + suffix,
             "--label", f"{LABEL_CLUSTER}={cluster}", "--label", f"{LABEL_JOB}={job_id}",
-            "--network", "host", "--ipc", "host", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
+            "--network", "host", "--ipc", "host", "--pid", "host", "--ulimit", "stack=67108864",
             "--shm-size", SHM_SIZE]
     if gpus:
         argv += ["--gpus", "all"]
@@ -94,10 +96,13 @@ def run_argv(job: Job, *, cluster: str, job_id: str, node_rank: int, gpus: bool,
     return argv
 
 
-def ib_devices_snippet() -> str:
-    """Shell that adds ``--device`` for InfiniBand/EFA when the node has them (``/dev/infiniband``)."""
-    return ('__gtrain_dev=(); [ -d /dev/infiniband ] && __gtrain_dev=(--device /dev/infiniband '
-            '--cap-add IPC_LOCK)')
+# What launch.sh adds on the node, where the node allows it: unlimited memlock (RDMA/NCCL pinned memory) when the
+# hard limit there is unlimited (runc cannot raise it past that without CAP_SYS_RESOURCE), and the InfiniBand
+# devices (EFA/IB) when the node has them.
+NODE_FLAGS = ('__gtrain_dev=(); [ "$(ulimit -H -l)" = unlimited ] && __gtrain_dev+=(--ulimit memlock=-1)\n'
+              '[ -d /dev/infiniband ] && __gtrain_dev+=(--device /dev/infiniband --cap-add IPC_LOCK)\n'
+              '[ "$(ulimit -H -l)" = unlimited ] || echo "[gtrain] warning: memlock is limited to $(ulimit -H -l) KB '
+              'on this node; the container keeps that limit"')
 
 
 def cleanup_command(job_dir: str) -> str:

@@ -14,7 +14,11 @@ def container_command(ctx: NodeContext) -> str:
     the secrets go to it on stdin)."""
     import shlex
 
-    return shlex.join([*ctx.container_argv, "bash", f"{ctx.job_dir}/container.sh"])
+    argv = ctx.container_argv
+    inner = shlex.join([argv[-1], "bash", f"{ctx.job_dir}/container.sh"])
+    return (shlex.join(argv[:-1]) + ' "${__gtrain_dev[@]}" ' + inner
+            + "\n# ${__gtrain_dev[@]}: launch.sh adds --ulimit memlock=-1 where the node's hard limit allows it and "
+              "--device /dev/infiniband where the node has it")
 
 SCRIPTS = ("launch.sh", "rank.sh", "setup.sh", "data.sh")
 
@@ -26,7 +30,10 @@ def render_all(ctx: NodeContext) -> dict[str, str]:
 
     launcher = get_launcher(ctx.launcher)
     command = launcher.node_command(ctx)
-    out = {"launch.sh": render("launch.sh", ctx, launcher_command=command, launcher_name=launcher.name),
+    from gtrain.containers.runtime import NODE_FLAGS
+
+    out = {"launch.sh": render("launch.sh", ctx, launcher_command=command, launcher_name=launcher.name,
+                               container_node_flags=NODE_FLAGS),
            **launcher.node_files(ctx), "command": command + "\n"}
     if ctx.container_argv:  # job.image: launch.sh runs container.sh (the launcher) inside the node's container
         from dataclasses import replace
