@@ -101,10 +101,17 @@ def test_failing_rank_exit_code_as_without_image(cluster: Path, env: Dockerd, wo
 
 
 def test_cancel_removes_the_containers(cluster: Path, env: Dockerd, workdir: Path) -> None:
+    import time
+
     job = gtrain.launch(write_spec(workdir, env.image, run="image_probe.py --sleep 300"))
-    for ln in gtrain.logs("ctr", job_id=job.job_id, follow=True):
-        if "marker=" in ln.text:
+    deadline = time.time() + 240
+    while True:  # every rank up inside its container
+        lines: list[LogLine] = []
+        gtrain.logs("ctr", job_id=job.job_id, on_line=lines.append)
+        if sum(f"marker={env.marker}" in ln.text for ln in lines) == 4:
             break
+        assert time.time() < deadline, [ln.text for ln in lines]
+        time.sleep(1)
     assert len(env.containers(f"gtrain.job={job.job_id}")) == 2
     gtrain.cancel("ctr")
     assert env.containers() == []
@@ -157,4 +164,31 @@ def test_private_registry_pull_and_wrong_password(cluster: Path, env: Dockerd, r
     final = gtrain.wait("ctr", job_id=job.job_id)
     assert (final.status, final.exit_code) == ("succeeded", 0)
     assert list((Path(os.environ["GTRAIN_HOME"])).rglob("config.json")) == []
+    assert env.containers() == []
+
+
+def test_sigterm_to_gtrain_run_leaves_no_container(env: Dockerd, workdir: Path, tmp_path: Path) -> None:
+    import signal
+    import time
+
+    spec = write_spec(workdir, env.image, run="image_probe.py --sleep 300")
+    data = json.loads(spec.read_text())
+    data["name"] = "ctrsig"
+    spec = tmp_path / "ctrsig.yaml"
+    spec.write_text(json.dumps(data))
+    proc = subprocess.Popen([sys.executable, "-m", "gtrain", "run", str(spec), "--to", str(tmp_path / "out")],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=dict(os.environ))
+    try:
+        deadline = time.time() + 240
+        while len(env.containers("gtrain.cluster=ctrsig")) < 2:
+            assert proc.poll() is None and time.time() < deadline, "the containers never started"
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=180)
+        assert proc.returncode == 143, out.decode()[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     assert env.containers() == []
