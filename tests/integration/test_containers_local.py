@@ -127,10 +127,10 @@ def test_dry_run_prints_each_nodes_container_command(cluster: Path, env: Dockerd
     assert len(cmds) == 2
     for node, c in enumerate(cmds):
         assert f"--name gtrain-ctr--job-id--n{node} " in c
-        for flag in ("--network host", "--ipc host", "--ulimit memlock=-1", "--shm-size 16g", "--init", "--rm"):
+        for flag in ("--network host", "--ipc host", "--pid host", "--shm-size 16g", "--init", "--rm"):
             assert flag in c
         assert "--gpus" not in c  # the local nodes have no GPUs
-        assert f'"${{__gtrain_dev[@]}}" {env.image} bash /' in c and c.endswith("/container.sh")
+        assert f'"${{__gtrain_dev[@]}}" {env.image} bash ' in c and c.endswith("/container.sh'")
     assert "--ulimit memlock=-1" in r.stdout  # launch.sh adds it where the node allows
     assert env.containers() == []
 
