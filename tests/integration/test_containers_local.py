@@ -100,10 +100,12 @@ def test_failing_rank_exit_code_as_without_image(cluster: Path, env: Dockerd, wo
     assert env.containers() == []
 
 
-def test_cancel_removes_the_containers(cluster: Path, env: Dockerd, workdir: Path) -> None:
+def test_cancel_removes_the_containers(cluster: Path, env: Dockerd, workdir: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
     import time
 
-    job = gtrain.launch(write_spec(workdir, env.image, run="image_probe.py --sleep 300"))
+    monkeypatch.setenv("TOKEN", "ctr-inspect-s3cr3t")
+    job = gtrain.launch(write_spec(workdir, env.image, run="image_probe.py --sleep 300", secrets=["TOKEN"]))
     deadline = time.time() + 240
     while True:  # every rank up inside its container
         lines: list[LogLine] = []
@@ -112,7 +114,11 @@ def test_cancel_removes_the_containers(cluster: Path, env: Dockerd, workdir: Pat
             break
         assert time.time() < deadline, [ln.text for ln in lines]
         time.sleep(1)
-    assert len(env.containers(f"gtrain.job={job.job_id}")) == 2
+    ids = env.containers(f"gtrain.job={job.job_id}")
+    assert len(ids) == 2
+    # the secret reached the ranks on stdin: not in `docker inspect`, nor in any process's argv
+    assert "ctr-inspect-s3cr3t" not in env.docker("inspect", *ids)
+    assert "ctr-inspect-s3cr3t" not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     gtrain.cancel("ctr")
     assert env.containers() == []
 
