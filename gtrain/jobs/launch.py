@@ -59,9 +59,17 @@ def check_job(spec: ClusterSpec) -> tuple[Job, str]:
         raise ConfigError(f"job.secrets: {', '.join(missing)} not set in this environment",
                           hint="export them before launching; their values go to the nodes, never to disk",
                           field="job.secrets")
+    if job.image:  # job.container.options gtrain owns, the registry password's variable (exit 2, nothing made)
+        from gtrain.containers.pull import check_credentials
+        from gtrain.containers.runtime import check_options
+
+        if job.container is not None:
+            check_options(job.container)
+        check_credentials(job)
     from gtrain.redact import register_secrets
 
-    register_secrets(job.secrets)  # from here on, their values are masked in all gtrain stores or prints
+    register_secrets([*job.secrets, *([job.image_credentials.password_secret] if job.image_credentials else [])])
+    # from here on, their values are masked in all gtrain stores or prints
     return job, str(workdir)
 
 

@@ -74,15 +74,30 @@ def node_contexts(cluster: Cluster, spec: ClusterSpec, job: Job, runners: list[R
     out = []
     for rank, r in enumerate(runners):
         workdir = f"{r.root}/workdir"
+        ctr = container_fields(cluster, spec, job, job_id, rank, workdir, job_dir(r, job_id)) if job.image else {}
         out.append(NodeContext(
             job_id=job_id, cluster=cluster.name, node_rank=rank, num_nodes=len(runners), node_ips=addrs,
             node_addr=r.address, master_addr=addrs[0], master_port=master_port, nproc_per_node=nproc,
             job_dir=job_dir(r, job_id), workdir=workdir, checkpoint_dir=f"{workdir}/{job.checkpoint_dir}",
-            python=job.python or r.python, argv=job.argv, env=dict(job.env), secret_names=list(job.secrets),
+            python=job.python or ("python3" if job.image else r.python), argv=job.argv, env=dict(job.env),
+            secret_names=list(job.secrets),
             setup=job.setup, max_restarts=job.max_restarts, launcher=name, launcher_options=options,
-            launcher_notes=notes, checkpoint_store=job.checkpoint_store or "",
+            launcher_notes=notes, checkpoint_store=job.checkpoint_store or "", **ctr,
         ))
     return out
+
+
+def container_fields(cluster: Cluster, spec: ClusterSpec, job: Job, job_id: str, rank: int, workdir: str,
+                     jdir: str) -> dict[str, Any]:
+    """job.image: the node's ``docker run`` for the launcher and for setup (gtrain.containers.runtime)."""
+    from gtrain.containers.runtime import container_name, run_argv, vm_runtime
+
+    ckpt = f"{workdir}/{job.checkpoint_dir}"
+    mounts = [workdir, jdir] + ([] if ckpt.startswith(workdir + "/") else [ckpt])
+    kw: dict[str, Any] = {"cluster": cluster.name, "job_id": job_id, "node_rank": rank,
+                          "gpus": spec.resources.gpus_per_node > 0, "mounts": mounts, "workdir": workdir}
+    return {"container_argv": run_argv(job, **kw), "container_setup_argv": run_argv(job, **kw, suffix="-setup"),
+            "container_runtime": vm_runtime(job), "container_name": container_name(cluster.name, job_id, rank)}
 
 
 class NodeScriptBackend(JobBackend):
@@ -127,6 +142,10 @@ class NodeScriptBackend(JobBackend):
         try:
             files = list_workdir(local)
             secret_in = secret_stdin(job)
+            if job.image:  # once per node, before anything of the job starts; a failure starts nothing
+                from gtrain.containers.pull import pull_all
+
+                pull_all(job, runners, rep)
 
             def prepare(i: int) -> int:
                 r, c = runners[i], ctxs[i]
@@ -154,7 +173,7 @@ class NodeScriptBackend(JobBackend):
         except BaseException:
             # don't leave half a job behind on the nodes that did start
             try:
-                parallel(lambda r: r.call("cancel", job_dir(r, plan.job_id), "2"), runners)
+                parallel(lambda r: _stop_node(r, job_dir(r, plan.job_id), 2), runners)
             except Exception:  # noqa: BLE001 - best effort; the original error is what matters
                 pass
             raise
@@ -169,7 +188,10 @@ class NodeScriptBackend(JobBackend):
             del tail[:-30]
             rep.line(i, None, text)
 
-        rc = r.stream(f"bash {shlex.quote(c.job_dir)}/setup.sh", on_line, stdin=secret_in)
+        cmd = f"bash {shlex.quote(c.job_dir)}/setup.sh"
+        if c.container_setup_argv:  # job.image: setup runs inside the image (secrets on stdin, as without)
+            cmd = f"{shlex.join(c.container_setup_argv)} {cmd}"
+        rc = r.stream(cmd, on_line, stdin=secret_in)
         if rc != 0:
             raise RemoteCommandError(r.label, "job.setup", rc, "\n".join(tail))
 
@@ -195,7 +217,7 @@ class NodeScriptBackend(JobBackend):
         def one(i: int) -> None:
             r = self.runners[i]
             try:
-                r.call("cancel", job_dir(r, job.id), str(int(grace_s)), timeout=60 + grace_s)
+                _stop_node(r, job_dir(r, job.id), grace_s)
             except RemoteError:
                 pass  # unreachable now: the state read that follows reports it
 
@@ -245,6 +267,14 @@ class NodeScriptBackend(JobBackend):
                 yield NodeEnded(node, JobState.UNKNOWN, "unreachable", payload)
             elif kind == "done":
                 return
+
+
+def _stop_node(r: Runner, jdir: str, grace_s: float) -> None:
+    """Stop the job on one node, then remove its container (job.image) whatever was left of its launcher."""
+    from gtrain.containers.runtime import cleanup_command
+
+    r.call("cancel", jdir, str(int(grace_s)), timeout=60 + grace_s)
+    r.run(cleanup_command(jdir), timeout=120, check=False)
 
 
 def node_status(i: int, raw: dict[str, Any]) -> NodeJobStatus:

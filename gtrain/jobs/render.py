@@ -6,7 +6,19 @@ from __future__ import annotations
 
 from gtrain.jobs.templating import NodeContext, render, shell_quote, templates_dir
 
-__all__ = ["SCRIPTS", "NodeContext", "render", "render_all", "shell_quote", "templates_dir"]
+__all__ = ["SCRIPTS", "NodeContext", "container_command", "render", "render_all", "shell_quote", "templates_dir"]
+
+
+def container_command(ctx: NodeContext) -> str:
+    """The node's exact container command line (``launch.sh`` adds InfiniBand devices when the node has them;
+    the secrets go to it on stdin)."""
+    import shlex
+
+    argv = ctx.container_argv
+    inner = shlex.join([argv[-1], "bash", f"{ctx.job_dir}/container.sh"])
+    return (shlex.join(argv[:-1]) + ' "${__gtrain_dev[@]}" ' + inner
+            + "\n# ${__gtrain_dev[@]}: launch.sh adds --ulimit memlock=-1 where the node's hard limit allows it and "
+              "--device /dev/infiniband where the node has it")
 
 SCRIPTS = ("launch.sh", "rank.sh", "setup.sh", "data.sh")
 
@@ -18,8 +30,17 @@ def render_all(ctx: NodeContext) -> dict[str, str]:
 
     launcher = get_launcher(ctx.launcher)
     command = launcher.node_command(ctx)
-    out = {"launch.sh": render("launch.sh", ctx, launcher_command=command, launcher_name=launcher.name),
+    from gtrain.containers.runtime import NODE_FLAGS
+
+    out = {"launch.sh": render("launch.sh", ctx, launcher_command=command, launcher_name=launcher.name,
+                               container_node_flags=NODE_FLAGS),
            **launcher.node_files(ctx), "command": command + "\n"}
+    if ctx.container_argv:  # job.image: launch.sh runs container.sh (the launcher) inside the node's container
+        from dataclasses import replace
+
+        inner = replace(ctx, checkpoint_store="")  # the checkpoint agent stays on the host, beside the job
+        out["container.sh"] = render("container.sh", inner, launcher_command=command)
+        out["command"] = container_command(ctx) + "\n"
     if ctx.setup:
         out["setup.sh"] = render("setup.sh", ctx)
     from gtrain.runlog import node_files

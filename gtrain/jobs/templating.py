@@ -63,6 +63,11 @@ class NodeContext:
     launcher_options: dict[str, Any] = field(default_factory=dict)  # job.<launcher>, + what its check derived
     launcher_notes: list[str] = field(default_factory=list)  # warnings from the launcher's local check
     checkpoint_store: str = ""  # durable runs: see gtrain.checkpoints
+    # job.image (gtrain.containers): `docker run ... IMAGE` for the launcher and for setup; empty: no container
+    container_argv: list[str] = field(default_factory=list)
+    container_setup_argv: list[str] = field(default_factory=list)
+    container_runtime: str = ""
+    container_name: str = ""
 
 
 def render(name: str, ctx: NodeContext, **extra: Any) -> str:

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 PROGRAMS = ("sshd", "ssh", "ssh-keygen", "rsync", "ip", "ps", "pkill", "unshare", "nsenter", "tmux",
-            "chromium", "chromedriver", "slurmctld", "slurmd", "sbatch", "munged")
+            "chromium", "chromedriver", "slurmctld", "slurmd", "sbatch", "munged", "dockerd", "docker",
+            "docker-registry")
 
 
 def _fake_bin(tmp_path: Path, present: tuple[str, ...]) -> Path:
@@ -45,7 +46,7 @@ def test_check_lists_every_missing_package_once(repo_root: Path, tmp_path: Path)
     line = next(ln for ln in r.stderr.splitlines() if "missing" in ln)
     pkgs = line.split("(packages: ")[1].rstrip(")").split()
     assert pkgs == ["openssh-server", "openssh-client", "rsync", "iproute2", "procps", "util-linux", "tmux", "chromium",
-                    "chromium-driver", "slurm-wlm", "slurm-client", "munge"]
+                    "chromium-driver", "slurm-wlm", "slurm-client", "munge", "docker.io", "docker-registry"]
 
 
 @pytest.mark.parametrize("args", [("--check",), ()])

@@ -1,0 +1,114 @@
+"""The container around a node's launcher (VM providers: local, ssh, aws, gcp), as argv built here and rendered
+into ``launch.sh`` through the node-script seam (``templates/_launcher.sh.j2``).
+
+One container per node, named by cluster, job and node and labelled ``gtrain.cluster`` / ``gtrain.job``, so
+``cancel``/``down`` find and remove it whatever happened to the launcher that started it. It shares the host's
+network, IPC and PID namespace (c10d names a rendezvous participant by host name and pid: two containers on one
+host would otherwise both be pid 7 of the same host name), gets every GPU when the node has some, unlimited
+memlock and InfiniBand devices where the node has them, a large ``/dev/shm``, and the node's workdir and job
+folder at the same paths, so every path in the scripts means the same inside and out. Secrets never reach its
+argv or ``docker inspect``: they go to the container on stdin (see ``templates/_launcher.sh.j2``).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import TYPE_CHECKING
+
+from gtrain.errors import ConfigError
+
+if TYPE_CHECKING:
+    from gtrain.containers.options import ContainerOptions
+    from gtrain.spec import Job
+
+SHM_SIZE = "16g"
+LABEL_CLUSTER = "gtrain.cluster"
+LABEL_JOB = "gtrain.job"
+# flags gtrain sets itself (or that would undo what it guarantees): refused in job.container.options
+OWNED = {
+    "--network": "host networking is set by gtrain", "--net": "host networking is set by gtrain",
+    "--ipc": "host IPC is set by gtrain", "--gpus": "GPUs are passed by gtrain when the node has them",
+    "--name": "gtrain names the container", "--rm": "gtrain removes the container",
+    "-v": "use job.container.mounts", "--volume": "use job.container.mounts", "--mount": "use job.container.mounts",
+    "-l": "gtrain labels the container", "--label": "gtrain labels the container",
+    "-w": "gtrain sets the workdir", "--workdir": "gtrain sets the workdir",
+    "-e": "use job.env (or job.secrets: never in argv)", "--env": "use job.env (or job.secrets: never in argv)",
+    "--env-file": "use job.env / job.secrets", "-d": "gtrain runs the container attached",
+    "--detach": "gtrain runs the container attached", "-i": "gtrain sets stdin", "--interactive": "gtrain sets stdin",
+    "-t": "no terminal on nodes", "--tty": "no terminal on nodes", "--entrypoint": "gtrain sets the command",
+    "--init": "gtrain runs an init process",
+    "--pid": "gtrain shares the host's PID namespace (c10d names a node by host name and pid)",
+}
+VM_RUNTIMES = ("docker", "podman")
+
+
+def check_options(opts: ContainerOptions) -> None:
+    """Exit 2 naming the option, before anything is touched, for a flag gtrain owns."""
+    for o in opts.options:
+        flag = o.split("=", 1)[0]
+        if flag in OWNED:
+            raise ConfigError(f"job.container.options: {o!r} is set by gtrain ({OWNED[flag]})",
+                              hint="remove it from job.container.options", field="job.container.options")
+        if not o.startswith("-"):
+            raise ConfigError(f"job.container.options: {o!r} is not a flag",
+                              hint="write each flag with its value, e.g. --cap-add=SYS_PTRACE",
+                              field="job.container.options")
+
+
+def vm_runtime(job: Job) -> str:
+    """The runtime command on a VM node: ``auto`` is docker (podman takes the same flags: name it)."""
+    rt = job.container.runtime if job.container else "auto"
+    if rt == "auto":
+        return "docker"
+    if rt not in VM_RUNTIMES:
+        raise ConfigError(f"job.container.runtime: {rt!r} runs only on Slurm (pyxis/enroot/apptainer)",
+                          hint="on VM providers use docker or podman (or auto)", field="job.container.runtime")
+    return rt
+
+
+def container_name(cluster: str, job_id: str, node_rank: int) -> str:
+    safe = re.sub(r"[^a-zA-Z0-9_.-]", "-", f"gtrain-{cluster}-{job_id}-n{node_rank}")
+    return safe[:200]
+
+
+def run_argv(job: Job, *, cluster: str, job_id: str, node_rank: int, gpus: bool, mounts: list[str],
+             workdir: str, suffix: str = "") -> list[str]:
+    """``docker run ... IMAGE`` for one node; the command to run inside follows it."""
+    assert job.image is not None
+    rt = vm_runtime(job)
+    argv = [rt, "run", "--rm", "-i", "--init", "--name", container_name(cluster, job_id, node_rank) + suffix,
+            "--label", f"{LABEL_CLUSTER}={cluster}", "--label", f"{LABEL_JOB}={job_id}",
+            "--network", "host", "--ipc", "host", "--pid", "host", "--ulimit", "stack=67108864",
+            "--shm-size", SHM_SIZE]
+    if gpus:
+        argv += ["--gpus", "all"]
+    seen: set[str] = set()
+    for m in mounts:
+        if m not in seen:
+            seen.add(m)
+            argv += ["-v", f"{m}:{m}"]
+    for extra in job.container.mounts if job.container else []:
+        argv += ["-v", f"{extra.host}:{extra.path}" + (":ro" if extra.read_only else "")]
+    argv += ["-w", workdir]
+    argv += list(job.container.options) if job.container else []
+    argv.append(job.image)
+    return argv
+
+
+# What launch.sh adds on the node, where the node allows it: unlimited memlock (RDMA/NCCL pinned memory) when the
+# hard limit there is unlimited (runc cannot raise it past that without CAP_SYS_RESOURCE), and the InfiniBand
+# devices (EFA/IB) when the node has them.
+NODE_FLAGS = ('__gtrain_dev=(); [ "$(ulimit -H -l)" = unlimited ] && __gtrain_dev+=(--ulimit memlock=-1)\n'
+              '[ -d /dev/infiniband ] && __gtrain_dev+=(--device /dev/infiniband --cap-add IPC_LOCK)\n'
+              '[ "$(ulimit -H -l)" = unlimited ] || echo "[gtrain] warning: memlock is limited to $(ulimit -H -l) KB '
+              'on this node; the container keeps that limit"')
+
+
+def cleanup_command(job_dir: str) -> str:
+    """Remove the job's container on this node (the ``container`` file ``launch.sh`` wrote names it)."""
+    f = shlex.quote(f"{job_dir}/container")
+    return (f'if [ -f {f} ]; then read -r __rt __name < {f}; '
+            f'"$__rt" rm -f "$__name" >/dev/null 2>&1; '
+            f'__ids=$("$__rt" ps -aq --filter "label={LABEL_JOB}=$(basename {shlex.quote(job_dir)})"); '
+            f'[ -n "$__ids" ] && "$__rt" rm -f $__ids >/dev/null 2>&1; fi; true')
