@@ -234,7 +234,9 @@ def cmd_restore(store: Store, node: int, root: Path, job_dir: Path) -> dict[str,
     else:
         got, kept, nbytes = store.restore(ckpt, root)
         doc = {"resume_from": str(root / ckpt.name), "name": ckpt.name, "files": len(got), "kept": len(kept),
-               "bytes": nbytes}
+               "bytes": nbytes, "conflicts": store.conflicts}
+        for c in store.conflicts:
+            print(f"gtrain-ckpt: restore conflict: {c}", file=sys.stderr, flush=True)
     doc["seconds"] = round(time.monotonic() - t0, 3)
     (job_dir / "ckpt-restored.json").write_text(json.dumps(doc))
     return doc
