@@ -7,7 +7,9 @@
 - a key given twice in one mapping is refused with both line numbers, at any depth;
 - the names and values of ``job.env`` are kept as the text written in the file (``0.00001``, ``0755``,
   ``yes``, ``12:30`` and ``1_000`` stay as they are; quoted and block scalars keep their spaces and
-  newlines), never converted through a YAML number or boolean; a list or mapping there is refused.
+  newlines), never converted through a YAML number or boolean; a list or mapping there is refused;
+- a mapping key is the name as written: ``on:`` (``policies.recovery.on``) is the key ``"on"``, not YAML
+  1.1's ``True`` (values keep their YAML types: ``enabled: yes`` is still true).
 
 Every refusal is a :class:`~gtrain.errors.ConfigError` (exit 2) naming the file, the line and the field.
 """
@@ -26,6 +28,7 @@ MAX_DEPTH = 50  # the deepest real field (ssh.hosts[K].host) is at depth 4
 MAX_VALUES = 50_000  # scalars + lists + mappings after alias expansion
 STR_TAG = "tag:yaml.org,2002:str"
 MERGE_TAG = "tag:yaml.org,2002:merge"
+BOOL_TAG = "tag:yaml.org,2002:bool"
 
 
 class _SpecLoader(yaml.SafeLoader):
@@ -76,6 +79,9 @@ class _SpecLoader(yaml.SafeLoader):
                 size += sum(self.sizes[id(n)] for n in node.value)
             elif isinstance(node, MappingNode):
                 size += sum(self.sizes[id(k)] + self.sizes[id(v)] for k, v in node.value)
+                for key, _v in node.value:  # `on:` is YAML 1.1's True: a key is the name as written
+                    if isinstance(key, ScalarNode) and key.tag == BOOL_TAG and key.style is None:
+                        key.tag = STR_TAG
                 self._check_duplicates(node)
             if size > MAX_VALUES:
                 raise self.refuse(node, f"aliases expand it to more than {MAX_VALUES} values",
