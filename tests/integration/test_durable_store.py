@@ -157,3 +157,47 @@ def test_restore_takes_each_files_newest_copy_across_nodes_and_reports_conflicts
     assert (dest / "same.pt").read_bytes() == b"iter-400"  # same time: the later upload
     assert len(store.conflicts) == 1 and "same.pt" in store.conflicts[0] and "node-1" in store.conflicts[0]
     store.close()
+
+
+def test_a_fixed_name_checkpoint_rewritten_every_second_goes_up_whole(moto_server: str, tmp_path: Path) -> None:
+    """nanoGPT's pattern: rank 0 rewrites ckpt.pt in place every second (open, write slowly, close). With the
+    default settle time it was never quiet long enough to upload; now each completed write can go up, never a
+    half-written one, and the final flush after a failure uploads the last complete version."""
+    store = Store(_bucket("ckpt-fixed"), "job-4")
+    root, job_dir = tmp_path / "ckpt", tmp_path / "job"
+    root.mkdir()
+    job_dir.mkdir()
+    up = Uploader(store, 0, root, job_dir, 1)
+    versions = {hashlib.sha256(bytes([v]) * (256 * 1024)).hexdigest(): v for v in range(1, 9)}
+    stop = threading.Event()
+
+    def writer() -> None:
+        for v in range(1, 9):
+            with open(root / "ckpt.pt", "wb") as f:  # truncated in place, like torch.save
+                for _ in range(4):
+                    f.write(bytes([v]) * (64 * 1024))
+                    f.flush()
+                    time.sleep(0.1)
+            time.sleep(0.6)
+        stop.set()
+
+    t = threading.Thread(target=writer)
+    t.start()
+    seen: list[int] = []
+    while not stop.is_set():
+        if up.one_pass():
+            (ck,) = store.checkpoints()
+            sha = ck.manifests[0]["files"][0]["sha256"]
+            assert sha in versions, "a half-written ckpt.pt was uploaded"
+            seen.append(versions[sha])
+        time.sleep(0.2)
+    t.join()
+    assert seen, "no version of a file rewritten every second was uploaded while the job ran"
+    assert seen == sorted(seen)
+    Uploader(store, 0, root, job_dir, 1).one_pass(final=False)  # the flush after a failure (rc != 0)
+    dest = tmp_path / "restored"
+    (ck,) = store.checkpoints()
+    store.restore(ck, dest)
+    assert (dest / "ckpt.pt").read_bytes() == bytes([8]) * (256 * 1024)
+    assert not (job_dir / "ckpt-snapshot").exists()
+    store.close()
