@@ -55,7 +55,8 @@ class Recovery(BaseModel):
         0, ge=0, le=1000, description="recoveries across the run; 0 = off")
     on: Annotated[RecoveryOn, BeforeValidator(_on_list)] = Field(
         default_factory=RecoveryOn, description="`[preemption, node_failure]` (default both); add "
-        "`{exit_codes: [137, ...]}` to also recover from those exit codes of the job")
+        "`{exit_codes: [N, ...]}` to also recover from those exit codes of the job (137, a SIGKILL such as "
+        "the OOM killer's, counts as node_failure)")
     backoff_s: Annotated[float, BeforeValidator(_not_bool)] = Field(
         30.0, ge=0, le=3600, description="wait before a recovery, doubled after each one that made no progress")
 
