@@ -81,6 +81,7 @@ def node_contexts(cluster: Cluster, spec: ClusterSpec, job: Job, runners: list[R
             python=job.python or r.python, argv=job.argv, env=dict(job.env), secret_names=list(job.secrets),
             setup=job.setup, max_restarts=job.max_restarts, launcher=name, launcher_options=options,
             launcher_notes=notes, checkpoint_store=job.checkpoint_store or "",
+            checkpoint_env=job.checkpoint_tuning.to_env() if job.checkpoint_tuning else {},
         ))
     return out
 

@@ -63,6 +63,7 @@ class NodeContext:
     launcher_options: dict[str, Any] = field(default_factory=dict)  # job.<launcher>, + what its check derived
     launcher_notes: list[str] = field(default_factory=list)  # warnings from the launcher's local check
     checkpoint_store: str = ""  # durable runs: see gtrain.checkpoints
+    checkpoint_env: dict[str, str] = field(default_factory=dict)  # job.checkpoint_tuning as GTRAIN_* variables
 
 
 def render(name: str, ctx: NodeContext, **extra: Any) -> str:
