@@ -7,7 +7,9 @@
 - a key given twice in one mapping is refused with both line numbers, at any depth;
 - the names and values of ``job.env`` are kept as the text written in the file (``0.00001``, ``0755``,
   ``yes``, ``12:30`` and ``1_000`` stay as they are; quoted and block scalars keep their spaces and
-  newlines), never converted through a YAML number or boolean; a list or mapping there is refused.
+  newlines), never converted through a YAML number or boolean; a list or mapping there is refused;
+- a mapping key is the name as written: ``on:`` (``policies.recovery.on``) is the key ``"on"``, not YAML
+  1.1's ``True`` (values keep their YAML types: ``enabled: yes`` is still true).
 
 Every refusal is a :class:`~gtrain.errors.ConfigError` (exit 2) naming the file, the line and the field.
 """
@@ -31,6 +33,7 @@ STR_TAG = "tag:yaml.org,2002:str"
 MERGE_TAG = "tag:yaml.org,2002:merge"
 NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
 MAX_DIGITS = 100  # Python refuses to convert an integer of 4,300 digits; no field needs 100
+BOOL_TAG = "tag:yaml.org,2002:bool"
 
 
 if TYPE_CHECKING:
@@ -100,6 +103,9 @@ class _SpecLoader(_Base):
                 size += sum(self.sizes[id(n)] for n in node.value)
             elif isinstance(node, MappingNode):
                 size += sum(self.sizes[id(k)] + self.sizes[id(v)] for k, v in node.value)
+                for key, _v in node.value:  # `on:` is YAML 1.1's True: a key is the name as written
+                    if isinstance(key, ScalarNode) and key.tag == BOOL_TAG and key.style is None:
+                        key.tag = STR_TAG
                 self._check_duplicates(node)
             if size > MAX_VALUES:
                 raise self.refuse(node, f"aliases expand it to more than {MAX_VALUES} values",

@@ -6,8 +6,9 @@
     python3 gtrain-ckpt.pyz flush   STORE JOB_ID NODE CKPT_DIR JOB_DIR ATTEMPT RC
 
 ``agent`` is the uploader (every ``GTRAIN_CHECKPOINT_POLL_S``, default 2 s, it uploads the checkpoints of
-CKPT_DIR that are complete: ``<name>.done`` exists, or every file is closed and unchanged for
-``GTRAIN_CHECKPOINT_SETTLE_S``, default 10 s) and the interruption-notice watcher (EC2 spot
+CKPT_DIR that are complete: ``<name>.done`` exists; a single file no process holds open (a completed write,
+copied to a snapshot first, so a file rewritten every second still goes up); a folder whose every file is
+closed and unchanged for ``GTRAIN_CHECKPOINT_SETTLE_S``, default 10 s) and the interruption-notice watcher (EC2 spot
 ``/latest/meta-data/spot/instance-action`` over IMDSv2, GCE ``/computeMetadata/v1/instance/preempted``;
 endpoints ``GTRAIN_IMDS_ENDPOINT`` / ``GTRAIN_GCE_METADATA_ENDPOINT``): on a notice each rank process that
 handles SIGUSR1 gets one. SIGTERM (a cancel) makes it upload what is complete and exit. ``flush`` is the
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -77,10 +79,13 @@ def open_files() -> set[str]:
 
 
 def complete(root: Path, name: str, files: list[str], *, settle_s: float, final: bool) -> bool:
-    """Marked done; else (``final``: the job is over and succeeded) closed, else closed and unchanged for
-    ``settle_s``."""
+    """Marked done; else a single file (``ckpt.pt``, maybe rewritten in place every second) once no process
+    holds it open: a completed write, snapshotted before upload; else (a folder, written file by file)
+    (``final``: the job is over and succeeded) closed, else closed and unchanged for ``settle_s``."""
     if (root / f"{name}{DONE_SUFFIX}").exists():
         return True
+    if files == [name]:
+        final = True
     now = time.time()
     try:
         newest = max((root / f).stat().st_mtime for f in files)
@@ -113,6 +118,20 @@ class Uploader:
             if files:
                 self.done[name] = signature(root, files)
 
+    def _snapshot(self, name: str, sig: list[list[object]]) -> Path | None:
+        """A copy of the single-file checkpoint ``name`` as its last completed write left it (its mtime kept),
+        under JOB_DIR/ckpt-snapshot; None when the file changed or was reopened while it was copied (a
+        half-written version is never uploaded). The upload reads the copy, so the job may rewrite the
+        original meanwhile."""
+        snap = self.job_dir / "ckpt-snapshot"
+        shutil.rmtree(snap, ignore_errors=True)
+        snap.mkdir(parents=True)
+        shutil.copy2(self.root / name, snap / name)
+        held = open_files()
+        if signature(self.root, [name]) != sig or os.path.realpath(self.root / name) in held:
+            return None
+        return snap
+
     def one_pass(self, *, final: bool = False) -> int:
         n = 0
         for name, files in entries(self.root).items():
@@ -125,10 +144,15 @@ class Uploader:
                 continue
             t0 = time.monotonic()
             try:
-                doc = self.store.upload(self.node, self.root, name, files, attempt=self.attempt)
+                src = self._snapshot(name, sig) if files == [name] else self.root
+                if src is None:
+                    continue  # rewritten while it was copied: the next pass takes the next completed write
+                doc = self.store.upload(self.node, src, name, files, attempt=self.attempt)
             except (GtrainError, OSError) as e:
                 _say(f"upload of {name} failed (retried next pass): {getattr(e, 'message', e)}")
                 continue
+            finally:
+                shutil.rmtree(self.job_dir / "ckpt-snapshot", ignore_errors=True)
             self.done[name] = sig
             tmp = self.done_path.with_suffix(".tmp")
             tmp.write_text(json.dumps(self.done))
@@ -236,7 +260,9 @@ def cmd_restore(store: Store, node: int, root: Path, job_dir: Path) -> dict[str,
         doc: dict[str, object] = {"resume_from": "", "name": None, "files": 0, "bytes": 0}
     else:
         doc = {"resume_from": str(root / ckpt.name), "name": ckpt.name, "files": len(got), "kept": len(kept),
-               "bytes": nbytes}
+               "bytes": nbytes, "conflicts": store.conflicts}
+        for c in store.conflicts:
+            print(f"gtrain-ckpt: restore conflict: {c}", file=sys.stderr, flush=True)
     if skipped:
         doc["skipped"] = [{"name": n, "why": w} for n, w in skipped]
     doc["seconds"] = round(time.monotonic() - t0, 3)

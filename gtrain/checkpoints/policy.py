@@ -55,13 +55,29 @@ class Recovery(BaseModel):
         0, ge=0, le=1000, description="recoveries across the run; 0 = off")
     on: Annotated[RecoveryOn, BeforeValidator(_on_list)] = Field(
         default_factory=RecoveryOn, description="`[preemption, node_failure]` (default both); add "
-        "`{exit_codes: [137, ...]}` to also recover from those exit codes of the job")
+        "`{exit_codes: [N, ...]}` to also recover from those exit codes of the job (137, a SIGKILL such as "
+        "the OOM killer's, counts as node_failure)")
     backoff_s: Annotated[float, BeforeValidator(_not_bool)] = Field(
         30.0, ge=0, le=3600, description="wait before a recovery, doubled after each one that made no progress")
 
     def to_info(self) -> dict[str, object]:
         return {"max_restarts": self.max_restarts, "on": list(self.on.causes), "exit_codes": list(self.on.exit_codes),
                 "backoff_s": self.backoff_s}
+
+
+class CheckpointTuning(BaseModel):
+    """``job.checkpoint_tuning``: the node uploader's and notice watcher's timings (exported to them as
+    ``GTRAIN_CHECKPOINT_SETTLE_S``, ``GTRAIN_CHECKPOINT_POLL_S``, ``GTRAIN_NOTICE_POLL_S``; ``job.env`` may not
+    set ``GTRAIN_*``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    settle_s: Annotated[float, BeforeValidator(_not_bool)] = Field(10.0, gt=0, le=3600)
+    poll_s: Annotated[float, BeforeValidator(_not_bool)] = Field(2.0, gt=0, le=600)
+    notice_poll_s: Annotated[float, BeforeValidator(_not_bool)] = Field(5.0, gt=0, le=600)
+
+    def to_env(self) -> dict[str, str]:
+        return {"GTRAIN_CHECKPOINT_SETTLE_S": f"{self.settle_s:g}", "GTRAIN_CHECKPOINT_POLL_S": f"{self.poll_s:g}",
+                "GTRAIN_NOTICE_POLL_S": f"{self.notice_poll_s:g}"}
 
 
 def check_store(v: str | None) -> str | None:

@@ -91,6 +91,10 @@ def _newest(job: JobRecord) -> str | None:
     return done[-1]["name"] if done else None
 
 
+#: exit codes of a rank killed by SIGKILL (bash's 128+9; -9 where the agent reports the signal): recovered as
+#: a node_failure (the crash-loop guard stops a script that OOMs every time)
+SIGKILLED = (137, -9)
+
 def classify(cluster: Cluster, job: JobRecord, ctx: Context) -> Verdict:
     """Whether (and why not) to recover ``job``, which ended badly or lost a node."""
     pol = policy(job)
@@ -109,6 +113,10 @@ def classify(cluster: Cluster, job: JobRecord, ctx: Context) -> Verdict:
             v = Verdict(True, "node_failure", gone, [], detail=f"the job's agent died on node(s) {gone}")
         elif job.exit_code in pol.get("exit_codes", []):
             v = Verdict(True, "exit_code", [], [], detail=f"the job exited {job.exit_code}")
+        elif job.exit_code in SIGKILLED:  # the kernel's OOM killer or a kill -9: the node's doing, to most users
+            v = Verdict(True, "node_failure", [], [],
+                        detail=f"the job exited {job.exit_code} (a rank was SIGKILLed: the kernel's OOM killer "
+                               "or a kill -9)")
         else:
             return Verdict(False, why=f"job {job.id} failed with exit {job.exit_code}: a failure of the job, not of a "
                                       f"node (policies.recovery.on has no exit_codes: [{job.exit_code}])")

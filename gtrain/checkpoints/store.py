@@ -72,6 +72,27 @@ class Checkpoint:
     def bytes(self) -> int:
         return sum(int(f["size"]) for m in self.manifests.values() for f in m["files"])
 
+    def newest_files(self) -> tuple[dict[str, tuple[int, dict[str, Any]]], list[str]]:
+        """Per file path, the copy with the latest completed write (its ``mtime``) across the nodes' manifests;
+        equal times: the later upload (``written_at``), then the higher node. Returns (path -> (node, entry),
+        conflicts): a path whose newest copies were written at the same time with different contents."""
+        copies: dict[str, list[tuple[float, float, int, dict[str, Any]]]] = {}
+        for node, m in self.manifests.items():
+            for f in m["files"]:
+                copies.setdefault(str(f["path"]), []).append(
+                    (float(f.get("mtime") or m.get("mtime") or 0), float(m.get("written_at") or 0), node, f))
+        wanted: dict[str, tuple[int, dict[str, Any]]] = {}
+        conflicts: list[str] = []
+        for rel, cs in sorted(copies.items()):
+            cs.sort(key=lambda c: (c[0], c[1], c[2]))
+            mtime, _w, node, f = cs[-1]
+            rivals = sorted({c[2] for c in cs if c[0] == mtime and c[3]["sha256"] != f["sha256"]})
+            if rivals:
+                conflicts.append(f"{rel}: node-{node} and node-{','.join(map(str, rivals))} wrote different "
+                                 f"contents at the same time; took node-{node}'s (uploaded last)")
+            wanted[rel] = (node, f)
+        return wanted, conflicts
+
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "complete": self.complete, "nodes": sorted(self.manifests),
                 "bytes": self.bytes, "mtime": self.mtime,
@@ -92,6 +113,7 @@ class Store:
         self.workers = workers
         self.backend = backend or make_backend(self.url, fld="job.checkpoint_store", workers=workers)
         self._listed: dict[str, RemoteObject] | None = None  # the last listing of checkpoints()
+        self.conflicts: list[str] = []  # what the last restore() found: same-time copies that differ
 
     def close(self) -> None:
         self.backend.close()
@@ -199,6 +221,10 @@ class Store:
                 if not isinstance(rel, str) or not isinstance(size, int) or isinstance(size, bool) or size < 0 \
                         or not isinstance(sha, str) or len(sha) != 64:
                     return f"node {node}'s manifest has a malformed entry for {rel!r}"
+                mtime = f.get("mtime")
+                if mtime is not None and (isinstance(mtime, bool) or not isinstance(mtime, int | float)
+                                          or not 0 <= mtime < 1e11):
+                    return f"node {node}'s manifest has a malformed write time for {rel!r}"
                 parts = rel.split("/")
                 if rel.startswith("/") or "\\" in rel or "\x00" in rel or any(p in ("", ".", "..") for p in parts) \
                         or parts[0] != ckpt.name:
@@ -228,16 +254,15 @@ class Store:
         return None, [], [], 0
 
     def restore(self, ckpt: Checkpoint, dest: Path, *, no_links: bool = False) -> tuple[list[str], list[str], int]:
-        """Put every node's files of ``ckpt`` under ``dest`` (verified by sha256, through a temp file and a
-        rename; files already there and identical are kept). Returns (downloaded, kept, bytes). With
+        """Put the newest copy of every file of ``ckpt`` under ``dest`` (:meth:`Checkpoint.newest_files`; verified
+        by sha256, through a temp file and a rename, keeping the write's mtime; files already there and identical
+        are kept). Same-time copies that differ are named in :attr:`conflicts`. Returns (downloaded, kept, bytes).
+        A differing local copy is replaced even when newer: it may be the half of a write a kill cut short. With
         ``no_links`` (``gtrain pull``), a symlink under ``dest`` on any file's way stops it (:class:`LinkInDest`)."""
-        wanted: dict[str, tuple[int, dict[str, Any]]] = {}
-        for node in sorted(ckpt.manifests):
-            for f in ckpt.manifests[node]["files"]:
-                rel = str(f["path"])
-                if rel.startswith("/") or ".." in rel.split("/"):
-                    raise SyncError(f"{self.where}: manifest of {ckpt.name} names an unsafe path {rel!r}")
-                wanted.setdefault(rel, (node, f))
+        wanted, self.conflicts = ckpt.newest_files()
+        for rel in wanted:
+            if rel.startswith("/") or ".." in rel.split("/"):
+                raise SyncError(f"{self.where}: manifest of {ckpt.name} names an unsafe path {rel!r}")
         if no_links:
             for rel in wanted:
                 _no_link(dest, rel)
@@ -263,6 +288,8 @@ class Store:
                 sha = digests.sha256 if digests is not None else hash_file(tmp).sha256
                 if sha != f["sha256"]:
                     raise SyncError(f"{self.where}/node-{node}/{rel}: content does not match its manifest's sha256")
+                if f.get("mtime"):  # the time of the write it is, not of this download: the rule compares it
+                    os.utime(tmp, (float(f["mtime"]), float(f["mtime"])))
                 if no_links:
                     _no_link(dest, rel)
                 os.replace(tmp, final)

@@ -83,6 +83,7 @@ def node_contexts(cluster: Cluster, spec: ClusterSpec, job: Job, runners: list[R
             secret_names=list(job.secrets),
             setup=job.setup, max_restarts=job.max_restarts, launcher=name, launcher_options=options,
             launcher_notes=notes, checkpoint_store=job.checkpoint_store or "", **ctr,
+            checkpoint_env=job.checkpoint_tuning.to_env() if job.checkpoint_tuning else {},
         ))
     return out
 

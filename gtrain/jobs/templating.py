@@ -68,6 +68,7 @@ class NodeContext:
     container_setup_argv: list[str] = field(default_factory=list)
     container_runtime: str = ""
     container_name: str = ""
+    checkpoint_env: dict[str, str] = field(default_factory=dict)  # job.checkpoint_tuning as GTRAIN_* variables
 
 
 def render(name: str, ctx: NodeContext, **extra: Any) -> str:

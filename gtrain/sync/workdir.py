@@ -1,7 +1,9 @@
 """Which files of a workdir go to the nodes: everything except ``.git/``, what ``.gitignore`` and
-``.gtrainignore`` files (at any depth, gitignore syntax) exclude, and gtrain's own pull folders: any folder
-below the workdir that holds a ``.gtrain-pull`` marker (``gtrain pull`` writes one into every DEST it creates,
-e.g. the default ``./<cluster>-checkpoints``), so pulled checkpoints are never uploaded back to the nodes."""
+``.gtrainignore`` files (at any depth, with git's semantics: pathspec's gitwildmatch, the last matching
+pattern wins, deeper files after shallower ones, ``.gtrainignore`` after ``.gitignore``) exclude, and
+gtrain's own pull folders: any folder below the workdir that holds a ``.gtrain-pull`` marker (``gtrain pull``
+writes one into every DEST it creates, e.g. the default ``./<cluster>-checkpoints``), so pulled checkpoints
+are never uploaded back to the nodes."""
 
 from __future__ import annotations
 
@@ -22,13 +24,17 @@ def list_workdir(root: Path) -> list[str]:
     specs: list[tuple[str, pathspec.GitIgnoreSpec]] = []
 
     def ignored(rel: str, is_dir: bool) -> bool:
+        # as git: the last pattern that matches decides, a deeper file's patterns coming after its parents'
+        # (so a deeper `!pattern` re-includes what a shallower file excluded); an excluded folder is not entered
+        verdict = False
         for base, spec in specs:
-            if base and not (rel == base or rel.startswith(base + "/")):
+            if base and not rel.startswith(base + "/"):
                 continue
             sub = rel[len(base) + 1:] if base else rel
-            if spec.match_file(sub + ("/" if is_dir else "")):
-                return True
-        return False
+            res = spec.check_file(sub + ("/" if is_dir else ""))
+            if res.include is not None:
+                verdict = bool(res.include)
+        return verdict
 
     for dirpath, dirnames, filenames in os.walk(root):
         rel_dir = os.path.relpath(dirpath, root).replace(os.sep, "/")

@@ -209,3 +209,19 @@ def test_ctrl_c_of_the_watcher_mid_recovery_then_watch_continues(moto_server: st
         assert len(info["recoveries"]) == 1  # type: ignore[arg-type]
     finally:
         gtrain.down("ctrlc", yes=True)
+
+
+def test_a_sigkilled_rank_is_a_node_failure_by_default(moto_server: str, gtrain_home: Path, tmp_path: Path,
+                                                       fast: None) -> None:
+    """Exit 137 (the OOM killer's SIGKILL) is recovered with the default `on:`; with `on: [preemption]` it is
+    not, and the message says what 137 means."""
+    kill9 = "import os, signal\nprint('oom', flush=True)\nos.kill(os.getpid(), signal.SIGKILL)\n"
+    store = bucket(moto_server, "durable-oom")
+    res = gtrain.run(_one_node(tmp_path, "oom", store, kill9, max_restarts=1), to=tmp_path / "out")
+    assert res.exit_code == 137 and len(res.recoveries) == 1, res.recovery_stopped
+    assert res.recoveries[0]["kind"] == "node_failure" and "max_restarts (1) reached" in (res.recovery_stopped or "")
+    res = gtrain.run(_one_node(tmp_path, "oom2", store, kill9, max_restarts=1, on=["preemption"]),
+                     to=tmp_path / "out2")
+    assert res.exit_code == 137 and res.recoveries == []
+    assert "OOM killer" in (res.recovery_stopped or "") and "not in policies.recovery.on" in (res.recovery_stopped
+                                                                                            or "")

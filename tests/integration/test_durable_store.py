@@ -130,3 +130,74 @@ def test_down_says_what_is_in_the_store_and_refuses_when_the_newest_is_not(moto_
     assert "step-1.pt" in r.stderr  # what is safe is named
     r = subprocess.run([*gt, "down", "safe", "--yes"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
+
+
+def test_restore_takes_each_files_newest_copy_across_nodes_and_reports_conflicts(moto_server: str,
+                                                                                 tmp_path: Path) -> None:
+    """Two nodes hold ckpt.pt (rank 0 moved between launches): the later completed write wins, whichever node
+    number it has; copies written at the same moment with different contents are reported."""
+    store = Store(_bucket("ckpt-newest"), "job-3")
+    now = time.time()
+    for node, body, age in ((0, b"iter-200", 100.0), (1, b"iter-400", 10.0)):
+        d = tmp_path / f"w{node}"
+        d.mkdir()
+        (d / "ckpt.pt").write_bytes(body)
+        os.utime(d / "ckpt.pt", (now - age, now - age))
+        (d / "same.pt").write_bytes(body)
+        os.utime(d / "same.pt", (now - 50, now - 50))
+        store.upload(node, d, "ckpt.pt", ["ckpt.pt"])
+        store.upload(node, d, "same.pt", ["same.pt"])
+    by_name = {c.name: c for c in store.checkpoints()}
+    dest = tmp_path / "restored"
+    got, _kept, _n = store.restore(by_name["ckpt.pt"], dest)
+    assert got == ["ckpt.pt"] and (dest / "ckpt.pt").read_bytes() == b"iter-400"
+    assert store.conflicts == []
+    assert abs((dest / "ckpt.pt").stat().st_mtime - (now - 10)) < 1  # the write's time, not the download's
+    store.restore(by_name["same.pt"], dest)
+    assert (dest / "same.pt").read_bytes() == b"iter-400"  # same time: the later upload
+    assert len(store.conflicts) == 1 and "same.pt" in store.conflicts[0] and "node-1" in store.conflicts[0]
+    store.close()
+
+
+def test_a_fixed_name_checkpoint_rewritten_every_second_goes_up_whole(moto_server: str, tmp_path: Path) -> None:
+    """nanoGPT's pattern: rank 0 rewrites ckpt.pt in place every second (open, write slowly, close). With the
+    default settle time it was never quiet long enough to upload; now each completed write can go up, never a
+    half-written one, and the final flush after a failure uploads the last complete version."""
+    store = Store(_bucket("ckpt-fixed"), "job-4")
+    root, job_dir = tmp_path / "ckpt", tmp_path / "job"
+    root.mkdir()
+    job_dir.mkdir()
+    up = Uploader(store, 0, root, job_dir, 1)
+    versions = {hashlib.sha256(bytes([v]) * (256 * 1024)).hexdigest(): v for v in range(1, 9)}
+    stop = threading.Event()
+
+    def writer() -> None:
+        for v in range(1, 9):
+            with open(root / "ckpt.pt", "wb") as f:  # truncated in place, like torch.save
+                for _ in range(4):
+                    f.write(bytes([v]) * (64 * 1024))
+                    f.flush()
+                    time.sleep(0.1)
+            time.sleep(0.6)
+        stop.set()
+
+    t = threading.Thread(target=writer)
+    t.start()
+    seen: list[int] = []
+    while not stop.is_set():
+        if up.one_pass():
+            (ck,) = store.checkpoints()
+            sha = ck.manifests[0]["files"][0]["sha256"]
+            assert sha in versions, "a half-written ckpt.pt was uploaded"
+            seen.append(versions[sha])
+        time.sleep(0.2)
+    t.join()
+    assert seen, "no version of a file rewritten every second was uploaded while the job ran"
+    assert seen == sorted(seen)
+    Uploader(store, 0, root, job_dir, 1).one_pass(final=False)  # the flush after a failure (rc != 0)
+    dest = tmp_path / "restored"
+    (ck,) = store.checkpoints()
+    store.restore(ck, dest)
+    assert (dest / "ckpt.pt").read_bytes() == bytes([8]) * (256 * 1024)
+    assert not (job_dir / "ckpt-snapshot").exists()
+    store.close()

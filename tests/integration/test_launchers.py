@@ -139,6 +139,8 @@ def test_accelerate_trains_two_by_two(cluster: str, work: Path, gtrain_home: Pat
     assert (final.status, final.exit_code) == ("succeeded", 0), [ln.text for ln in lines][-20:]
     assert sorted(ln.rank for ln in out) == [0, 1, 2, 3]  # type: ignore[type-var]
     assert all("/4 world 4 type MULTI_CPU" in ln.text for ln in out)
+    # static rendezvous with --machine_rank: global ranks 0, 1 on node 0
+    assert sorted((ln.node, ln.rank) for ln in out) == [(0, 0), (0, 1), (1, 2), (1, 3)]  # type: ignore[type-var]
 
 
 def test_accelerate_without_a_config_file_on_cpu_nodes_trains_one_model(cluster: str, work: Path,

@@ -75,9 +75,8 @@ def test_two_node_job_succeeds_env_logs_and_pull(cluster: Path, gtrain_home: Pat
     final = gtrain.wait("e2e", job_id=job.job_id, on_line=lines.append)
     assert (final.status, final.exit_code) == ("succeeded", 0)
     hello = {(ln.node, ln.rank) for ln in lines if ln.text.startswith("hello from rank")}
-    # c10d assigns global ranks in its own order: 4 ranks, two on each node
-    assert sorted(r for _n, r in hello) == [0, 1, 2, 3]
-    assert sorted(n for n, _r in hello) == [0, 0, 1, 1]
+    # static rendezvous: node K holds global ranks 2K and 2K+1
+    assert sorted(hello) == [(0, 0), (0, 1), (1, 2), (1, 3)]
 
     # env values arrive byte for byte, secrets from stdin, the contract is complete
     pulled = gtrain.pull("e2e", to=tmp_path / "ck")

@@ -37,6 +37,8 @@ def test_store_and_recovery_parse() -> None:
     ({}, {"on": ["lunar_eclipse"]}, "policies.recovery.on"),
     ({}, {"on": [{"exit_codes": [0]}]}, "policies.recovery.on"),
     ({}, {"restarts": 3}, "policies.recovery.restarts"),
+    ({"checkpoint_tuning": {"settle_s": 0}}, None, "job.checkpoint_tuning.settle_s"),
+    ({"checkpoint_tuning": {"poll": 1}}, None, "job.checkpoint_tuning.poll"),
 ])
 def test_bad_values_name_their_field(job: dict[str, object], recovery: object, field: str) -> None:
     with pytest.raises(ConfigError) as e:
@@ -63,3 +65,21 @@ def test_resume_from_and_on_preempt(monkeypatch: pytest.MonkeyPatch) -> None:
         assert hit == [1]
     finally:
         signal.signal(signal.SIGUSR1, old)
+
+
+def test_checkpoint_tuning_reaches_the_nodes_uploader(tmp_path: Path) -> None:
+    """The documented timings are spec fields (job.env refuses GTRAIN_*), exported where the uploader starts."""
+    import subprocess
+
+    from gtrain.jobs.render import render_all
+    from tests.unit.test_render import ctx
+
+    spec = _spec({"checkpoint_store": "s3://bkt/p", "checkpoint_tuning": {"settle_s": 3, "notice_poll_s": 0.5}})
+    env = spec.job.checkpoint_tuning.to_env()  # type: ignore[attr-defined]
+    assert env == {"GTRAIN_CHECKPOINT_SETTLE_S": "3", "GTRAIN_CHECKPOINT_POLL_S": "2", "GTRAIN_NOTICE_POLL_S": "0.5"}
+    script = render_all(ctx(checkpoint_store="s3://bkt/p", checkpoint_env=env))["launch.sh"]
+    block = script[script.index("export GTRAIN_CHECKPOINT_SETTLE_S"):script.index("__gtrain_ckpt() {")]
+    out = subprocess.run(["bash", "-c", block + 'echo "$GTRAIN_CHECKPOINT_SETTLE_S $GTRAIN_NOTICE_POLL_S"'],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["3", "0.5"]
+    assert "GTRAIN_CHECKPOINT_SETTLE_S" not in render_all(ctx(checkpoint_store="s3://bkt/p"))["launch.sh"]

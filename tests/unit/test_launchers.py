@@ -69,7 +69,7 @@ def test_torchrun_is_todays_launch_script() -> None:
 def test_commands_name_every_multi_node_field() -> None:
     acc = render_all(ctx("accelerate"))["command"]
     for flag in ("--num_machines=2", "--machine_rank=1", "--main_process_ip=10.0.0.5", "--main_process_port=29500",
-                 "--num_processes=4", "--rdzv_backend=c10d", "--multi_gpu", "--no_python",
+                 "--num_processes=4", "--rdzv_backend=static", "--multi_gpu", "--no_python",
                  "--config_file=/home/u/gtrain/demo/workdir/accel.yaml", "--mixed_precision no"):
         assert flag in acc.replace(" \\\n  ", " "), flag
     ds = render_all(ctx("deepspeed"))["command"]

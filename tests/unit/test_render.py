@@ -45,10 +45,10 @@ def test_golden(name: str) -> None:
 def test_torchrun_flags_node0_hosts_the_store() -> None:
     s0 = render_all(ctx(node_rank=0, node_addr="10.0.0.5"))["launch.sh"]
     s1 = render_all(ctx())["launch.sh"]
-    for flag in ("--nnodes=2", "--nproc_per_node=2", "--rdzv_backend=c10d", "--rdzv_endpoint=10.0.0.5:29500",
+    for flag in ("--nnodes=2", "--nproc_per_node=2", "--rdzv_backend=static", "--rdzv_endpoint=10.0.0.5:29500",
                  "--rdzv_id=demo-20260101-000000-abcd", "--max_restarts=0"):
         assert flag in s0 and flag in s1
-    assert "is_host=1" in s0 and "is_host=0" in s1
+    assert "--node_rank=0" in s0 and "--node_rank=1" in s1  # static rendezvous: group rank = node rank
     assert "--local_addr=10.0.0.5" in s0 and "--local_addr=10.0.0.6" in s1
 
 

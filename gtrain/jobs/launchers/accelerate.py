@@ -1,7 +1,7 @@
 """accelerate: ``accelerate launch`` (torchrun underneath, so ``RANK`` is set on every rank) with the
 multi-node fields gtrain must set: ``--num_machines``, ``--machine_rank``, ``--main_process_ip/port``,
-``--num_processes`` (the total), ``--rdzv_backend c10d``. A user ``config_file`` is passed through; what it
-says about those fields is overridden by the flags, with a warning."""
+``--num_processes`` (the total), ``--rdzv_backend static`` (group rank = machine rank = node rank). A user
+``config_file`` is passed through; what it says about those fields is overridden by the flags, with a warning."""
 
 from __future__ import annotations
 

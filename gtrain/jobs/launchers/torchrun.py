@@ -1,4 +1,5 @@
-"""torchrun (the default): ``python -m torch.distributed.run`` with c10d rendezvous on node 0."""
+"""torchrun (the default): ``python -m torch.distributed.run``, static rendezvous on node 0 (group rank =
+node rank, so global rank 0 is on node 0)."""
 
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ exec 0</dev/null
 export GTRAIN_JOB_ID=demo-20260101-000000-abcd
 export GTRAIN_CLUSTER=demo
 export GTRAIN_NODE_RANK=1
+export NODE_RANK=1  # = torchrun's GROUP_RANK (static rendezvous); Lightning reads it
 export GTRAIN_NUM_NODES=2
 export GTRAIN_NODE_IPS=10.0.0.5,10.0.0.6
 export GTRAIN_MASTER_ADDR=10.0.0.5

@@ -6,8 +6,8 @@ python3 -m accelerate.commands.launch \
   --main_process_ip=10.0.0.5 \
   --main_process_port=29500 \
   --num_processes=4 \
-  --rdzv_backend=c10d \
-  --rdzv_conf=is_host=0,join_timeout=300 \
+  --rdzv_backend=static \
+  --rdzv_conf=timeout=300 \
   --max_restarts=0 \
   --mixed_precision no \
   --no_python \

@@ -25,6 +25,7 @@ exec 0</dev/null
 export GTRAIN_JOB_ID=demo-20260101-000000-abcd
 export GTRAIN_CLUSTER=demo
 export GTRAIN_NODE_RANK=1
+export NODE_RANK=1  # = torchrun's GROUP_RANK (static rendezvous); Lightning reads it
 export GTRAIN_NUM_NODES=2
 export GTRAIN_NODE_IPS=10.0.0.5,10.0.0.6
 export GTRAIN_MASTER_ADDR=10.0.0.5
@@ -118,10 +119,11 @@ else
   GTRAIN_DEEPSPEED_CONFIG=/home/u/gtrain/demo/workdir/ds_config.json exec python3 -m torch.distributed.run \
     --nnodes=2 \
     --nproc_per_node=2 \
-    --rdzv_backend=c10d \
+    --rdzv_backend=static \
+    --node_rank=1 \
     --rdzv_endpoint=10.0.0.5:29500 \
     --rdzv_id=demo-20260101-000000-abcd \
-    --rdzv_conf=is_host=0,join_timeout=300 \
+    --rdzv_conf=timeout=300 \
     --local_addr=10.0.0.6 \
     --max_restarts=0 \
     --no-python \
