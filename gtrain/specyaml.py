@@ -104,7 +104,7 @@ class _SpecLoader(_Base):
             elif isinstance(node, MappingNode):
                 size += sum(self.sizes[id(k)] + self.sizes[id(v)] for k, v in node.value)
                 for key, _v in node.value:  # `on:` is YAML 1.1's True: a key is the name as written
-                    if isinstance(key, ScalarNode) and key.tag == BOOL_TAG and key.style is None:
+                    if isinstance(key, ScalarNode) and key.tag == BOOL_TAG and not key.style:  # plain: None, libyaml ""
                         key.tag = STR_TAG
                 self._check_duplicates(node)
             if size > MAX_VALUES:
