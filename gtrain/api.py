@@ -166,10 +166,15 @@ def pull(cluster: str, *, job_id: str | None = None, to: str | os.PathLike[str] 
             ckpt = spec.job.checkpoint_dir if spec.job else "checkpoints"
         dest = Path(to) if to else default_pull_dest(cluster, ckpt)
         if job is not None and job.info.get("checkpoint_store") and node is None:
-            from gtrain.checkpoints.ship import pull_from_store
+            from gtrain.checkpoints.ship import StoreHasNoCheckpoint, pull_from_store
 
             ctx.report.info(f"pulling {ckpt}/ from the store {job.info['checkpoint_store']}/{job.id} to {dest}")
-            return pull_from_store(job, dest, ctx.report)
+            try:
+                return pull_from_store(job, dest, ctx.report)
+            except StoreHasNoCheckpoint as e:  # nothing reached the store: the nodes may hold the only copy
+                if not runners:
+                    raise
+                ctx.report.warn(f"{e.message}; pulling what the nodes hold instead")
         picked = range(len(runners)) if node is None else [node]
         ctx.report.info(f"pulling {ckpt}/ from {'every node' if node is None else f'node {node}'} to {dest}")
         res = pull_dir([(i, runners[i], f"{runners[i].root}/workdir/{ckpt}") for i in picked], dest,
@@ -296,7 +301,7 @@ def run(spec: Any, *, name: str | None = None, keep: bool = False, to: str | os.
         res.exit_code, res.status = final.exit_code, final.status
         res.recoveries = list(final.info.get("recoveries") or [])
         res.recovery_stopped = final.info.get("recovery_stopped")
-        res.failed_first = final.info.get("failed_first")
+        res.failed_first = final.info.get("failed_first") if final.exit_code else None  # not an earlier attempt's
         try:
             res.pulled = pull(parsed.name, job_id=launched.job_id, to=to, report=rep)
         except GtrainError as e:  # the nodes may hold the only copy: keep them, and do not exit 0

@@ -156,6 +156,10 @@ def store_checkpoints(job: JobRecord) -> list[dict[str, Any]] | None:
         st.close()
 
 
+class StoreHasNoCheckpoint(SyncError):
+    """The job's store holds no complete checkpoint (yet): what the nodes hold is all there is."""
+
+
 def pull_from_store(job: JobRecord, dest: Path, report: Reporter | None = None) -> PullResult:
     """``gtrain pull`` of a job with a store: every complete checkpoint, straight from the store (no node is
     asked; each file verified by sha256)."""
@@ -168,7 +172,7 @@ def pull_from_store(job: JobRecord, dest: Path, report: Reporter | None = None) 
     try:
         done = [c for c in st.checkpoints() if c.complete]
         if not done:
-            raise SyncError(f"{st.where}: no complete checkpoint in the store yet")
+            raise StoreHasNoCheckpoint(f"{st.where}: no complete checkpoint in the store yet")
         check_dest(dest)
         created = not os.path.lexists(dest)
         dest.mkdir(parents=True, exist_ok=True)
