@@ -40,4 +40,4 @@ lint: setup
 	$(PY) -m mypy
 
 clean:
-	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache quickstart-checkpoints
+	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache quickstart-checkpoints quickstart-report.html
