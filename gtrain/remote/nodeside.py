@@ -270,7 +270,6 @@ def pull_manifest(root: str, under: str = "") -> dict[str, object]:
 ROOT_MARKER = ".gtrain-root"
 _ROOT_OWN = ("workdir", "jobs", "gtrain-sync.pyz", "gtrain-ckpt.pyz", ROOT_MARKER)  # all `down` removes
 
-
 def _never_root(path: str) -> bool:
     home = os.path.abspath(os.path.expanduser("~"))
     return path == "/" or path == home or home.startswith(path.rstrip("/") + "/") or os.path.islink(path)
@@ -292,13 +291,15 @@ def remove_tree(path: str) -> bool:
     full = os.path.abspath(os.path.expanduser(path))
     if _never_root(full) or not os.path.isdir(full):
         return False
-    for p in (os.path.join(full, name) for name in _ROOT_OWN):
-        if os.path.isdir(p) and not os.path.islink(p):
-            shutil.rmtree(p, ignore_errors=True)
-        elif os.path.lexists(p):
-            os.unlink(p)
-    if not os.listdir(full):
+    for p in (os.path.join(full, name) for name in _ROOT_OWN):  # two removals of one root may race: both win
+        try:
+            shutil.rmtree(p, ignore_errors=True) if os.path.isdir(p) and not os.path.islink(p) else os.unlink(p)
+        except FileNotFoundError:
+            pass
+    try:  # the root itself only when that left it empty (OSError: something not gtrain's is there)
         os.rmdir(full)
+    except OSError:
+        pass
     return True
 
 

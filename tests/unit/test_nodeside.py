@@ -159,3 +159,30 @@ def test_remove_tree_removes_only_what_gtrain_made(tmp_path: Path, monkeypatch: 
     assert not root.exists()  # left empty: gone
     assert not nodeside.remove_tree(str(tmp_path / "home"))  # a home is never touched
     assert (tmp_path / "home").is_dir()
+
+
+def test_two_removals_of_one_root_at_once_both_succeed(tmp_path: Path) -> None:
+    """`down` removes each recorded root in parallel; two records of one root raced (FileNotFoundError made the
+    ssh contract test's down report the root 'unreachable')."""
+    import threading
+
+    for i in range(60):
+        d = tmp_path / f"root-{i}"
+        for n in ("workdir/a/b", "jobs/x"):
+            (d / n).mkdir(parents=True)
+        for f in ("gtrain-sync.pyz", nodeside.ROOT_MARKER):
+            (d / f).write_text("")
+        errs: list[BaseException] = []
+
+        def go(d: Path = d, errs: list[BaseException] = errs) -> None:
+            try:
+                nodeside.remove_tree(str(d))
+            except Exception as e:  # noqa: BLE001 - the test collects what a removal raised
+                errs.append(e)
+
+        threads = [threading.Thread(target=go) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errs and not d.exists(), errs
