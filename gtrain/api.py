@@ -64,7 +64,8 @@ def up(spec: Any, *, name: str | None = None, dry_run: bool = False, keep_failed
 
 
 def launch(spec: Any = None, *, cluster: str | None = None, name: str | None = None, force: bool = False,
-           dry_run: bool = False, replace_bad: bool = False, report: Reporter | None = None) -> LaunchResult:
+           dry_run: bool = False, replace_bad: bool = False, fresh: bool = False,
+           report: Reporter | None = None) -> LaunchResult:
     from gtrain.errors import ConfigError
     from gtrain.jobs import launch as jobs
 
@@ -83,7 +84,7 @@ def launch(spec: Any = None, *, cluster: str | None = None, name: str | None = N
                 f"num_nodes: the spec asks for {parsed.num_nodes} {parsed.provider} node(s), cluster {c.name!r} has "
                 f"{c.num_nodes} {c.provider} node(s)", field="num_nodes",
                 hint="`gtrain up --recreate` to reshape it, or launch with the spec it was made from")
-        return jobs.launch(c, parsed, ctx, force=force, dry_run=dry_run, replace_bad=replace_bad)
+        return jobs.launch(c, parsed, ctx, force=force, dry_run=dry_run, replace_bad=replace_bad, fresh=fresh)
     finally:
         ctx.store.close()
 
@@ -166,11 +167,16 @@ def pull(cluster: str, *, job_id: str | None = None, to: str | os.PathLike[str] 
             ckpt = spec.job.checkpoint_dir if spec.job else "checkpoints"
         dest = Path(to) if to else default_pull_dest(cluster, ckpt)
         if job is not None and job.info.get("checkpoint_store") and node is None:
-            from gtrain.checkpoints.ship import StoreHasNoCheckpoint, pull_from_store
+            from gtrain.checkpoints.ship import StoreHasNoCheckpoint, pull_from_store, store_key
 
-            ctx.report.info(f"pulling {ckpt}/ from the store {job.info['checkpoint_store']}/{job.id} to {dest}")
+            ctx.report.info(f"pulling {ckpt}/ from the store {job.info['checkpoint_store']}/{store_key(job)} to "
+                            f"{dest}")
             try:
-                return pull_from_store(job, dest, ctx.report)
+                got = pull_from_store(job, dest, ctx.report)
+                now = ctx.store.get_job(job.id)  # where the run's checkpoints go: down pulls the nodes' there too
+                ctx.store.update_job(job.id, status=now.status, exit_code=now.exit_code,
+                                     info={**now.info, "pulled_to": str(got.dest)})
+                return got
             except StoreHasNoCheckpoint as e:  # nothing reached the store: the nodes may hold the only copy
                 if not runners:
                     raise
@@ -271,7 +277,7 @@ class RunResult:
 
 def run(spec: Any, *, name: str | None = None, keep: bool = False, to: str | os.PathLike[str] | None = None,
         on_line: Callable[[LogLine], None] | None = None, report: Reporter | None = None,
-        html_report: bool = False, replace_bad: bool = False) -> RunResult:
+        html_report: bool = False, replace_bad: bool = False, fresh: bool = False) -> RunResult:
     """up + launch + wait + pull + down. The cluster is torn down whatever happens (unless ``keep``),
     Ctrl+C included, so nothing is left running that nobody watches."""
     from gtrain.errors import GtrainError
@@ -295,7 +301,7 @@ def run(spec: Any, *, name: str | None = None, keep: bool = False, to: str | os.
     pull_failed = False
     try:
         created = up(parsed, report=rep).created
-        launched = launch(parsed, replace_bad=replace_bad, report=rep)
+        launched = launch(parsed, replace_bad=replace_bad, fresh=fresh, report=rep)
         res.job_id = launched.job_id
         final = wait(parsed.name, job_id=launched.job_id, on_line=on_line, report=rep)
         res.exit_code, res.status = final.exit_code, final.status
@@ -323,7 +329,13 @@ def run(spec: Any, *, name: str | None = None, keep: bool = False, to: str | os.
     finally:
         if (not keep and not pull_failed and (created or res.job_id) and res.down is None
                 and res.status != "interrupted"):
-            res.down = down(parsed.name, yes=True, report=rep)
+            try:  # down pulls what is only on the nodes first; when it cannot, it keeps them
+                res.down = down(parsed.name, yes=True, report=rep)
+            except GtrainError as e:
+                res.errors.append(f"down: {e.message}")
+                rep.warn(f"{res.errors[-1]}; cluster {parsed.name} kept up")
+                if not res.exit_code:
+                    res.exit_code = 1
     if html_report and res.job_id:  # next to the pulled checkpoints (`gtrain run` writes it unless --no-report)
         ctx = _ctx(rep)
         try:

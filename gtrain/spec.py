@@ -32,7 +32,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError, to_jsonable_python
 
-from gtrain.checkpoints.policy import CheckpointTuning, Recovery, check_store
+from gtrain.checkpoints.policy import CheckpointTuning, Recovery, check_run_id, check_store
 from gtrain.containers.options import ContainerOptions, ImageCredentials, check_image
 from gtrain.errors import ConfigError, dotted_path
 from gtrain.health.model import PREFLIGHT_PATTERN, MinGpuUtil
@@ -143,6 +143,9 @@ class Job(_Model):
                                 no_credentials("job.checkpoint_store")] = Field(
         None, description="`s3://bucket[/prefix]` or `gs://…`: nodes upload checkpoints there and restore from it; "
         "see docs/durable.md")
+    run_id: Annotated[str | None, AfterValidator(check_run_id)] = Field(
+        None, description="the run the checkpoints in `checkpoint_store` belong to (a relaunch resumes it); "
+        "default: `run-` + a hash of `run` and `checkpoint_dir`; see docs/durable.md")
     checkpoint_tuning: CheckpointTuning | None = Field(
         None, description="`{settle_s: 10, poll_s: 2, notice_poll_s: 5}`: the uploader's timings; see docs/durable.md")
     python: str | None = Field(None, description="interpreter on the nodes (default: python3; local: this one)")

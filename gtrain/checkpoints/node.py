@@ -1,9 +1,12 @@
 """What runs on each node beside the job (stdlib + the sync engine, from ``gtrain-ckpt.pyz``)::
 
-    python3 gtrain-ckpt.pyz probe   STORE JOB_ID NODE
-    python3 gtrain-ckpt.pyz restore STORE JOB_ID NODE CKPT_DIR JOB_DIR      one JSON line: resume_from, ...
-    python3 gtrain-ckpt.pyz agent   STORE JOB_ID NODE CKPT_DIR JOB_DIR ATTEMPT
-    python3 gtrain-ckpt.pyz flush   STORE JOB_ID NODE CKPT_DIR JOB_DIR ATTEMPT RC
+    python3 gtrain-ckpt.pyz probe   STORE KEY NODE
+    python3 gtrain-ckpt.pyz fresh   STORE KEY NODE                          --fresh: the run starts over
+    python3 gtrain-ckpt.pyz restore STORE KEY NODE CKPT_DIR JOB_DIR      one JSON line: resume_from, ...
+    python3 gtrain-ckpt.pyz agent   STORE KEY NODE CKPT_DIR JOB_DIR ATTEMPT
+    python3 gtrain-ckpt.pyz flush   STORE KEY NODE CKPT_DIR JOB_DIR ATTEMPT RC
+
+KEY is the run's folder in the store (``<cluster>/<run-id>``; a job id for jobs launched before runs).
 
 ``agent`` is the uploader (every ``GTRAIN_CHECKPOINT_POLL_S``, default 2 s, it uploads the checkpoints of
 CKPT_DIR that are complete: ``<name>.done`` exists; a single file no process holds open (a completed write,
@@ -117,6 +120,28 @@ class Uploader:
             files = entries(root).get(name)
             if files:
                 self.done[name] = signature(root, files)
+
+    def skip_stored(self) -> None:
+        """What checkpoint_dir holds that the store has already (an earlier launch of the run uploaded it, or
+        restore put it here): by path, size and write time against every node's manifest. Not uploaded again."""
+        stored: dict[str, tuple[int, float]] = {}
+        try:
+            for ckpt in self.store.checkpoints():
+                for m in ckpt.manifests.values():
+                    for f in m["files"]:
+                        stored[str(f["path"])] = (int(f["size"]), float(f.get("mtime") or -1))
+        except (GtrainError, OSError, KeyError, TypeError, ValueError):
+            return
+        for name, files in entries(self.root).items():
+            if name in self.done:
+                continue
+            try:
+                sig = signature(self.root, files)
+            except OSError:
+                continue
+            if all(str(f) in stored and stored[str(f)][0] == size and abs(stored[str(f)][1] - int(str(ns)) / 1e9) < 1e-3
+                   for f, size, ns in sig):
+                self.done[name] = sig
 
     def _snapshot(self, name: str, sig: list[list[object]]) -> Path | None:
         """A copy of the single-file checkpoint ``name`` as its last completed write left it (its mtime kept),
@@ -272,9 +297,11 @@ def cmd_restore(store: Store, node: int, root: Path, job_dir: Path) -> dict[str,
 
 def cmd_agent(store: Store, job_id: str, node: int, root: Path, job_dir: Path, attempt: int) -> None:
     up = Uploader(store, node, root, job_dir, attempt)
+    up.skip_stored()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    job_id = os.environ.get("GTRAIN_JOB_ID") or job_id  # the store key is the run's; the ranks carry the job's
     threading.Thread(target=watch_notices, args=(job_id, stop), daemon=True).start()
     poll = float(os.environ.get("GTRAIN_CHECKPOINT_POLL_S", "2"))
     while not stop.is_set() and not (job_dir / "ckpt-stop").exists():
@@ -291,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         if cmd == "probe":
             store.probe(node)
             print(json.dumps({"ok": True}))
+        elif cmd == "fresh":
+            print(json.dumps({"since": store.mark_fresh()}))
         elif cmd == "restore":
             print(json.dumps(cmd_restore(store, node, Path(args[4]), Path(args[5]))))
         elif cmd == "agent":
@@ -298,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         elif cmd == "flush":
             n = Uploader(store, node, Path(args[4]), Path(args[5]), int(args[6])).one_pass(final=args[7] == "0")
             _say(f"final flush: {n} checkpoint(s) uploaded")
+            print(json.dumps({"uploaded": n}))
         store.close()
     except GtrainError as e:
         print(json.dumps({"error": e.message, "hint": e.hint}))

@@ -87,3 +87,28 @@ def check_store(v: str | None) -> str | None:
     if not STORE_RE.match(v) or "/../" in f"{v}/" or "//" in v.split("://", 1)[1]:
         raise ValueError("must be s3://bucket[/prefix] or gs://bucket[/prefix]")
     return v
+
+
+RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def check_run_id(v: str | None) -> str | None:
+    if v is not None and not RUN_ID_RE.match(v):
+        raise ValueError("must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit "
+                         "(e.g. gpt2-small)")
+    return v
+
+
+def default_run_id(run: str, checkpoint_dir: str) -> str:
+    """``job.run_id`` when the spec has none: ``run-`` and the first 12 hex digits of the sha256 of ``job.run``
+    (the script and its arguments, as written) and ``job.checkpoint_dir``, so every launch of the same spec is
+    the same run, and a changed command line is a new one."""
+    import hashlib
+
+    return "run-" + hashlib.sha256(f"{run}\0{checkpoint_dir}".encode()).hexdigest()[:12]
+
+
+def run_key(cluster: str, run_id: str | None, run: str, checkpoint_dir: str) -> str:
+    """The run's folder in the checkpoint store: ``<cluster>/<run_id>``. Checkpoints belong to the run, not to
+    one launch (job): a relaunch resumes from them; ``--fresh`` starts the run over."""
+    return f"{cluster}/{run_id or default_run_id(run, checkpoint_dir)}"

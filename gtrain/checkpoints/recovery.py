@@ -182,7 +182,7 @@ def begin(cluster: Cluster, job: JobRecord, ctx: Context, v: Verdict) -> JobReco
 
 def resume(cluster: Cluster, job: JobRecord, ctx: Context) -> JobRecord:
     """Take the recorded recovery of ``job`` from its recorded phase to the relaunch."""
-    from gtrain.checkpoints.ship import relaunch
+    from gtrain.checkpoints.ship import collect, relaunch
 
     with cluster_lock(ctx.store.home, cluster.name, "recover"):
         job = ctx.store.get_job(job.id)
@@ -195,6 +195,7 @@ def resume(cluster: Cluster, job: JobRecord, ctx: Context) -> JobRecord:
             alive = [i for i in range(cluster.num_nodes) if i not in rec["reprovision"]]
             ctx.report.info(f"stopping the job's ranks on node(s) {alive} ({rec['kind']} of node(s) {rec['lost']})")
             ctx.backend(cluster).cancel(job, nodes=alive, grace_s=5)
+            collect(cluster, job, ctx, alive)  # what the survivors finished since the last upload: restored next
             rec.update(phase="backoff", until=time.time() + float(rec.get("backoff_s", 0)))
             job = _save(ctx, job, rec)
         if rec["phase"] == "backoff":

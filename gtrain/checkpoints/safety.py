@@ -3,6 +3,7 @@ deleted, and refuse (without ``--yes``) when the newest one on the nodes is not.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gtrain.errors import GtrainError, JobConflict
@@ -34,7 +35,9 @@ def check_down(cluster: Cluster, ctx: Context, *, yes: bool) -> list[str]:
     job = ctx.store.latest_job(cluster.id)
     if job is None or not job.info.get("checkpoint_store"):
         return []
-    where = f"{job.info['checkpoint_store']}/{job.id}"
+    from gtrain.checkpoints.ship import store_key
+
+    where = f"{job.info['checkpoint_store']}/{store_key(job)}"
     try:
         stored = {c["name"]: c for c in store_checkpoints(job) or [] if c["complete"]}
     except GtrainError as e:
@@ -60,7 +63,28 @@ def check_down(cluster: Cluster, ctx: Context, *, yes: bool) -> list[str]:
         raise JobConflict(f"the newest checkpoint is not safely in {where} yet ({'; '.join(unsafe)}); down would "
                           "delete it with the nodes",
                           hint=f"`gtrain pull {cluster.name}` first, wait for the upload, or `gtrain down "
-                               f"{cluster.name} --yes` to delete anyway")
+                               f"{cluster.name} --yes` (it pulls them here first)")
     if unsafe:
-        ctx.report.warn(f"deleting checkpoints that are not in the store (--yes): {'; '.join(unsafe)}")
-    return [f"not in the store: {u}" for u in unsafe]
+        dest = rescue(cluster, ctx, job, ckpt, runners, unsafe)
+        return [f"not in the store, pulled to {dest} before the nodes were deleted: {u}" for u in unsafe]
+    return []
+
+
+def rescue(cluster: Cluster, ctx: Context, job: Any, ckpt: str, runners: list[Any], unsafe: list[str]) -> Path:
+    """Never delete the only copy: pull the nodes' checkpoint_dir to the run's local destination (where the
+    last pull went, else ``./<cluster>-<checkpoint_dir>``); a pull that fails stops the teardown
+    (JobConflict), ``--yes`` or not."""
+    from gtrain.sync.pull import default_pull_dest, pull_dir
+
+    dest = Path(str(job.info.get("pulled_to") or default_pull_dest(cluster.name, ckpt)))
+    ctx.report.warn(f"checkpoints not in the store ({'; '.join(unsafe)}): pulling them from the nodes to {dest} "
+                    "before deleting the nodes")
+    try:
+        res = pull_dir([(i, r, f"{r.root}/workdir/{ckpt}") for i, r in enumerate(runners)], dest, report=ctx.report)
+    except GtrainError as e:
+        raise JobConflict(f"the newest checkpoint is only on the nodes ({'; '.join(unsafe)}) and pulling it to "
+                          f"{dest} failed: {e.message}; the nodes are kept",
+                          hint=f"`gtrain pull {cluster.name} --node K --to DIR`, then `gtrain down "
+                               f"{cluster.name}`") from None
+    ctx.report.info(f"pulled {res.files} file(s) from the nodes to {dest}")
+    return dest

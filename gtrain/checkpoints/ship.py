@@ -13,7 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gtrain.errors import ConfigError, RemoteCommandError, SyncError
+from gtrain.errors import ConfigError, GtrainError, RemoteCommandError, SyncError
 
 if TYPE_CHECKING:
     from gtrain.context import Context
@@ -62,8 +62,9 @@ def run_tool(backend: JobBackend, plan: JobPlan, node: int, *args: str, timeout:
     job = plan.request.spec.job
     assert job is not None and job.checkpoint_store
     r, c = _runners(backend)[node], plan.private["contexts"][node]
-    script = render("ckpt.sh", c, bundle=f"{r.root}/{BUNDLE}", ckpt_args=[args[0], job.checkpoint_store,
-                                                                          plan.job_id, str(node), *args[1:]])
+    key = c.checkpoint_key or plan.job_id
+    script = render("ckpt.sh", c, bundle=f"{r.root}/{BUNDLE}", ckpt_args=[args[0], job.checkpoint_store, key,
+                                                                          str(node), *args[1:]])
     r.run(f"mkdir -p {shlex.quote(c.job_dir)}")
     r.write_file(f"{c.job_dir}/ckpt.sh", script.encode(), 0o700)
     res = r.run(f"bash {shlex.quote(c.job_dir)}/ckpt.sh", stdin=secret_stdin(job), check=False, timeout=timeout)
@@ -79,9 +80,10 @@ def run_tool(backend: JobBackend, plan: JobPlan, node: int, *args: str, timeout:
     return doc
 
 
-def prepare(plan: JobPlan, backend: JobBackend, report: Reporter, *, attempt: int = 1) -> None:
+def prepare(plan: JobPlan, backend: JobBackend, report: Reporter, *, attempt: int = 1, fresh: bool = False) -> None:
     """Before a submit: record the durable-run fields in the plan's info; with a store, ship the tool to every
-    node and probe a write from each (a store that refuses writes fails the launch here, nothing started)."""
+    node and probe a write from each (a store that refuses writes fails the launch here, nothing started).
+    ``fresh``: the run starts over (node 0 marks the run's folder: older checkpoints no longer count)."""
     from gtrain.remote.fanout import parallel
 
     spec = plan.request.spec
@@ -93,13 +95,18 @@ def prepare(plan: JobPlan, backend: JobBackend, report: Reporter, *, attempt: in
     if not job.checkpoint_store:
         return
     runners = _runners(backend)
+    key = plan.private["contexts"][0].checkpoint_key or plan.job_id
+    plan.info["checkpoint_key"] = key
 
     def one(i: int) -> None:
         runners[i].write_file(f"{runners[i].root}/{BUNDLE}", bundle(), 0o600)
         run_tool(backend, plan, i, "probe", timeout=120)
 
     parallel(one, list(range(len(runners))))
-    report.info(f"checkpoint store {job.checkpoint_store}/{plan.job_id}: writable from every node")
+    report.info(f"checkpoint store {job.checkpoint_store}/{key}: writable from every node")
+    if fresh:
+        run_tool(backend, plan, 0, "fresh", timeout=120)
+        report.info(f"--fresh: run {key} starts over; its older checkpoints in the store are kept, not restored")
 
 
 def job_spec(job: JobRecord, cluster: Cluster, ctx: Context) -> ClusterSpec:
@@ -142,6 +149,37 @@ def relaunch(cluster: Cluster, job: JobRecord, ctx: Context, attempt: int) -> No
     ctx.report.info(f"job {job.id} attempt {attempt} started on {cluster.num_nodes} node(s)")
 
 
+def store_key(job: JobRecord) -> str:
+    """The job's folder in its store: its run's (``<cluster>/<run_id>``); a job launched before runs were keyed
+    so (no ``checkpoint_key`` in its info) kept its checkpoints under its job id."""
+    return str(job.info.get("checkpoint_key") or job.id)
+
+
+def collect(cluster: Cluster, job: JobRecord, ctx: Context, nodes: list[int]) -> None:
+    """Recovery, after the stop and before the relaunch: each of ``nodes`` (the survivors) uploads what it
+    finished since its uploader's last pass, so the relaunch restores the newest checkpoint that exists
+    anywhere, not the newest that had reached the store."""
+    from gtrain.jobs.backend import JobRequest
+    from gtrain.remote.fanout import parallel
+
+    if not job.info.get("checkpoint_store") or not nodes:
+        return
+    spec = job_spec(job, cluster, ctx)
+    backend = ctx.backend(cluster)
+    plan = backend.dryrun(JobRequest(cluster, spec, job.id, str(job.info.get("workdir") or spec.workdir_path())))
+    attempt = str(job.info.get("attempt", 1))
+
+    def one(i: int) -> None:
+        c = plan.private["contexts"][i]
+        try:
+            run_tool(backend, plan, i, "flush", c.checkpoint_dir, c.job_dir, attempt, "1", timeout=1800)
+        except GtrainError as e:  # a node that cannot: the store's newest is restored
+            ctx.report.warn(f"node {i}: could not collect its newest checkpoints: {e.message}")
+
+    ctx.report.info(f"collecting the newest checkpoints of node(s) {nodes} into the store")
+    parallel(one, nodes)
+
+
 def store_checkpoints(job: JobRecord) -> list[dict[str, Any]] | None:
     """The job's checkpoints in its store (None: the job has no store), oldest first."""
     url = job.info.get("checkpoint_store")
@@ -149,7 +187,7 @@ def store_checkpoints(job: JobRecord) -> list[dict[str, Any]] | None:
         return None
     from gtrain.checkpoints.store import Store
 
-    st = Store(str(url), job.id)
+    st = Store(str(url), store_key(job))
     try:
         return [c.to_dict() for c in st.checkpoints()]
     finally:
@@ -166,7 +204,7 @@ def pull_from_store(job: JobRecord, dest: Path, report: Reporter | None = None) 
     from gtrain.checkpoints.store import LinkInDest, Store
     from gtrain.sync.pull import MARKER, MARKER_TEXT, PullResult, check_dest
 
-    st = Store(str(job.info["checkpoint_store"]), job.id)
+    st = Store(str(job.info["checkpoint_store"]), store_key(job))
     t0 = time.monotonic()
     res = PullResult(str(dest), [])
     try:

@@ -3,10 +3,16 @@
 
 Layout under ``job.checkpoint_store`` (``s3://bucket/prefix`` or ``gs://bucket/prefix``)::
 
-    <store>/<job-id>/node-K/<name>[/<file>...]      a checkpoint as node K wrote it under checkpoint_dir
-    <store>/<job-id>/node-K/.gtrain/<name>.json     its manifest, written LAST: {name, node, files: [{path,
-                                                    size, sha256}], mtime, written_at, attempt}
-    <store>/<job-id>/.probe-node-K                  written and deleted by the launch's write probe
+    <store>/<cluster>/<run-id>/node-K/<name>[/<file>...]   a checkpoint as node K wrote it under checkpoint_dir
+    <store>/<cluster>/<run-id>/node-K/.gtrain/<name>.json  its manifest, written LAST: {name, node, files:
+                                                           [{path, size, sha256, mtime}], mtime, written_at,
+                                                           attempt}
+    <store>/<cluster>/<run-id>/.gtrain-fresh.json          ``--fresh``: {since}; checkpoints written before
+                                                           are not the run's any more
+    <store>/<cluster>/<run-id>/.probe-node-K               written and deleted by the launch's write probe
+
+(Jobs launched before runs were keyed so used ``<store>/<job-id>/``; :class:`Store` reads either: its key is
+given.)
 
 A checkpoint is a top-level entry of checkpoint_dir (a file ``step-10.pt`` or a folder ``step-10/``). It is
 COMPLETE in the store when some node's manifest names it and every node that has objects under it has its
@@ -31,6 +37,7 @@ from gtrain.sync.local import hash_file, tmp_path, unlink_tmp
 from gtrain.sync.model import Backend, RemoteObject, RemoteURL
 
 META_DIR = ".gtrain"
+FRESH = ".gtrain-fresh.json"
 
 
 class LinkInDest(SyncError):
@@ -102,14 +109,14 @@ class Checkpoint:
 class Store:
     """One job's part of the checkpoint store."""
 
-    def __init__(self, store_url: str, job_id: str, *, backend: Backend | None = None, workers: int = 16) -> None:
+    def __init__(self, store_url: str, key: str, *, backend: Backend | None = None, workers: int = 16) -> None:
         from gtrain.sync.objstore import make_backend, parse_location
 
         base = parse_location(store_url, "job.checkpoint_store")
         if not isinstance(base, RemoteURL):
             raise SyncError(f"job.checkpoint_store {store_url!r} is not an s3:// or gs:// URL")
-        self.url = RemoteURL(base.scheme, base.bucket, f"{base.key_prefix}{job_id}")
-        self.where = f"{store_url.rstrip('/')}/{job_id}"
+        self.url = RemoteURL(base.scheme, base.bucket, f"{base.key_prefix}{key.strip('/')}")
+        self.where = f"{store_url.rstrip('/')}/{key.strip('/')}"
         self.workers = workers
         self.backend = backend or make_backend(self.url, fld="job.checkpoint_store", workers=workers)
         self._listed: dict[str, RemoteObject] | None = None  # the last listing of checkpoints()
@@ -135,6 +142,13 @@ class Store:
         key = f".probe-node-{node}"
         self._put_bytes(key, f"gtrain write probe {time.time()}\n".encode())
         self.backend.delete(self.url, [self.url.key(key)])
+
+    def mark_fresh(self) -> float:
+        """``--fresh``: the run starts over; checkpoints whose files were written before now stop counting
+        (they stay in the store). The time is this node's clock, as the manifests' write times are."""
+        since = time.time()
+        self._put_bytes(FRESH, json.dumps({"since": since, "files": []}).encode())
+        return since
 
     def upload(self, node: int, root: Path, name: str, files: list[str], *, attempt: int = 0) -> dict[str, Any]:
         """Upload checkpoint ``name`` (``files``: paths relative to ``root``), each verified by checksum on the
@@ -180,6 +194,9 @@ class Store:
         found: dict[str, Checkpoint] = {}
         metas: list[tuple[int, str, RemoteObject]] = []
         objs = {o.key: o for o in self.backend.list(self.url)}
+        since = 0.0
+        if (fresh := objs.get(self.url.key(FRESH))) is not None:
+            since = float((self._get_json(fresh) or {}).get("since") or 0)
         for obj in objs.values():
             rel = obj.key[len(self.url.key_prefix):]
             parts = rel.split("/")
@@ -195,8 +212,12 @@ class Store:
         with ThreadPoolExecutor(max_workers=max(1, min(16, len(metas)))) as pool:
             docs = list(pool.map(lambda m: self._get_json(m[2]), metas))
         for (node, name, _obj), doc in zip(metas, docs, strict=True):
-            if doc is not None:
+            if doc is not None and float(doc.get("mtime") or 0) >= since:
                 found.setdefault(name, Checkpoint(name)).manifests[node] = doc
+            elif doc is not None and name in found:  # written before --fresh: not the run's any more
+                found[name].writers.discard(node)
+        for name in [n for n, c in found.items() if since and not c.manifests and not c.writers]:
+            del found[name]
         self._listed = objs
         return sorted(found.values(), key=lambda c: (c.mtime, c.name))
 

@@ -10,6 +10,8 @@ from gtrain.cli.params import CLUSTER, JOB, JSON, NAME, SPEC, YES_PAID, check_de
 
 REPLACE_BAD = typer.Option(False, "--replace-bad", help="Preflight (policies.preflight, else quick): replace a "
                            "failed cloud node by a new one and check again, once.")
+FRESH = typer.Option(False, "--fresh", help="Start the run over: checkpoints of earlier launches in "
+                     "job.checkpoint_store are kept but not restored (default: resume from the newest).")
 
 
 def register(app: typer.Typer) -> None:
@@ -31,6 +33,7 @@ def launch(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the rendered launch script; start nothing."),
     force: bool = typer.Option(False, "--force", help="Cancel a job still running on the cluster first."),
     replace_bad: bool = REPLACE_BAD,
+    fresh: bool = FRESH,
     json_: bool = JSON,
     name: str = NAME,
     env: list[str] = ENV,
@@ -57,7 +60,7 @@ def launch(
 
     try:
         res = api.launch(parsed or spec, cluster=cluster, force=force, dry_run=dry_run, replace_bad=replace_bad,
-                         report=rep)
+                         fresh=fresh, report=rep)
     except ClusterNotFound:
         if not (dry_run and spec is not None and cluster is None):
             raise
@@ -200,6 +203,7 @@ def run(
                            help="Where to pull checkpoints (default: ./<cluster>-<checkpoint_dir>)."),
     yes: bool = YES_PAID,
     replace_bad: bool = REPLACE_BAD,
+    fresh: bool = FRESH,
     json_: bool = JSON,
     env: list[str] = ENV,
     num_nodes: int = NUM_NODES,
@@ -233,7 +237,7 @@ def run(
     printer = None if json_ else out.LinePrinter()
     try:
         res = api.run(parsed, keep=keep, to=to, on_line=printer, report=rep,
-                      html_report=not no_report, replace_bad=replace_bad)
+                      html_report=not no_report, replace_bad=replace_bad, fresh=fresh)
     except KeyboardInterrupt as e:  # torn down already (api.run): say what it cost, then exit 128+N
         done = getattr(e, "run_result", None)
         if done is not None and done.down is not None:

@@ -88,7 +88,7 @@ class LaunchResult:
 
 
 def launch(cluster: Cluster, spec: ClusterSpec, ctx: Context, *, force: bool = False,
-           dry_run: bool = False, replace_bad: bool = False) -> LaunchResult:
+           dry_run: bool = False, replace_bad: bool = False, fresh: bool = False) -> LaunchResult:
     _job, local_workdir = check_job(spec)
     if replace_bad and not ctx.provider(cluster.provider).can_replace_nodes:
         from gtrain.providers.base import cannot_replace
@@ -118,7 +118,7 @@ def launch(cluster: Cluster, spec: ClusterSpec, ctx: Context, *, force: bool = F
 
         request = backend.reserve(JobRequest(cluster, spec, new_job_id(cluster.name), local_workdir))
         plan = backend.dryrun(request)
-        prepare_checkpoints(plan, backend, ctx.report)  # durable runs: a store that refuses writes stops here
+        prepare_checkpoints(plan, backend, ctx.report, fresh=fresh)  # a store refusing writes stops here
         ctx.store.create_job(cluster.id, plan.job_id, dict(plan.info))
         try:
             backend.submit(plan, ctx.report)

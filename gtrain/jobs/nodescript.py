@@ -69,6 +69,8 @@ def launcher_of(spec: ClusterSpec, job: Job) -> tuple[str, int, dict[str, Any], 
 def node_contexts(cluster: Cluster, spec: ClusterSpec, job: Job, runners: list[Runner], job_id: str,
                   master_port: int) -> list[NodeContext]:
     """Every node's render context."""
+    from gtrain.checkpoints.policy import run_key
+
     name, nproc, options, notes = launcher_of(spec, job)
     addrs = [r.address for r in runners]
     out = []
@@ -84,6 +86,7 @@ def node_contexts(cluster: Cluster, spec: ClusterSpec, job: Job, runners: list[R
             setup=job.setup, max_restarts=job.max_restarts, launcher=name, launcher_options=options,
             launcher_notes=notes, checkpoint_store=job.checkpoint_store or "", **ctr,
             checkpoint_env=job.checkpoint_tuning.to_env() if job.checkpoint_tuning else {},
+            checkpoint_key=run_key(cluster.name, job.run_id, job.run, job.checkpoint_dir),
         ))
     return out
 

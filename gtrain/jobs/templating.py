@@ -63,6 +63,7 @@ class NodeContext:
     launcher_options: dict[str, Any] = field(default_factory=dict)  # job.<launcher>, + what its check derived
     launcher_notes: list[str] = field(default_factory=list)  # warnings from the launcher's local check
     checkpoint_store: str = ""  # durable runs: see gtrain.checkpoints
+    checkpoint_key: str = ""  # the run's folder in the store (<cluster>/<run_id>); "" = the job id
     # job.image (gtrain.containers): `docker run ... IMAGE` for the launcher and for setup; empty: no container
     container_argv: list[str] = field(default_factory=list)
     container_setup_argv: list[str] = field(default_factory=list)
