@@ -149,7 +149,8 @@ def watch(cluster: str, *, job_id: str | None = None, on_line: Callable[[LogLine
 
 def pull(cluster: str, *, job_id: str | None = None, to: str | os.PathLike[str] | None = None,
          node: int | None = None, report: Reporter | None = None) -> PullResult:
-    from gtrain.errors import ConfigError
+    from gtrain.checkpoints.store import LinkInDest
+    from gtrain.errors import ConfigError, GtrainError
     from gtrain.jobs.status import resolve_job
     from gtrain.sync.pull import default_pull_dest, pull_dir
 
@@ -177,10 +178,13 @@ def pull(cluster: str, *, job_id: str | None = None, to: str | os.PathLike[str] 
                 ctx.store.update_job(job.id, status=now.status, exit_code=now.exit_code,
                                      info={**now.info, "pulled_to": str(got.dest)})
                 return got
-            except StoreHasNoCheckpoint as e:  # nothing reached the store: the nodes may hold the only copy
-                if not runners:
+            except LinkInDest:
+                raise
+            except GtrainError as e:  # nothing (or nothing intact) reached the store, or it cannot be read: the
+                if not runners:       # nodes may hold the only copy
                     raise
-                ctx.report.warn(f"{e.message}; pulling what the nodes hold instead")
+                ctx.report.warn(f"{e.message if isinstance(e, StoreHasNoCheckpoint) else f'the store: {e.message}'}"
+                                "; pulling what the nodes hold instead")
         picked = range(len(runners)) if node is None else [node]
         ctx.report.info(f"pulling {ckpt}/ from {'every node' if node is None else f'node {node}'} to {dest}")
         res = pull_dir([(i, runners[i], f"{runners[i].root}/workdir/{ckpt}") for i in picked], dest,

@@ -97,8 +97,19 @@ class Notes(Reporter):
         self.info(msg)
 
 
+def run_key(spec: Path) -> str:
+    """The run's folder in the checkpoint store (``<cluster>/<run_id>``), as gtrain derives it from the spec."""
+    from gtrain.checkpoints.policy import run_key as key
+    from gtrain.spec import load_spec
+
+    s = load_spec(spec)
+    assert s.job is not None
+    return key(s.name, s.job.run_id, s.job.run, s.job.checkpoint_dir)
+
+
 def when_in_store(store: str, job_id: str, name: str, action: Callable[[], None]) -> threading.Thread:
-    """Run ``action`` (in a thread) once checkpoint ``name`` of the job is complete in the store."""
+    """Run ``action`` (in a thread) once checkpoint ``name`` is complete in the store under ``job_id`` (the
+    run's key: :func:`run_key`)."""
     from gtrain.checkpoints.store import Store
 
     def run() -> None:

@@ -91,7 +91,7 @@ def test_spot_interruption_of_node1_recovers_on_a_new_instance_same_weights(  # 
             if host1.own_home:  # its disk goes too (never the survivor's): a new instance starts empty
                 subprocess.run(host1.in_host("sh", "-c", "rm -rf ~/gtrain/spot"), check=False)
 
-        killer = dn.when_in_store(store, job.job_id, "step-0003.pt", interrupt)
+        killer = dn.when_in_store(store, dn.run_key(spec), "step-0003.pt", interrupt)
         lines: list[LogLine] = []
         final = gtrain.wait("spot", job_id=job.job_id, on_line=lines.append, report=notes)
         killer.join(timeout=1)

@@ -17,6 +17,7 @@ import gtrain
 from gtrain.checkpoints.store import Store
 from gtrain.jobs.backend import LogLine
 from gtrain.remote.nodeside import job_pids
+from tests.integration.durable_nodes import run_key
 
 JOBS = Path(__file__).parent / "jobs"
 STEPS, EVERY = 12, 3
@@ -52,7 +53,7 @@ def spec_file(tmp_path: Path, name: str, store: str, run: str, **policy: object)
 
 
 def kill_node_when_checkpointed(home: Path, cluster: str, store: str, after: str, *,
-                                remove: bool = False) -> threading.Thread:
+                                key: str, remove: bool = False) -> threading.Thread:
     """Once checkpoint ``after`` is complete in the store: SIGKILL every process of node 1's job (and with
     ``remove``, delete the node itself: the provider then reports it missing)."""
     def run() -> None:
@@ -62,7 +63,7 @@ def kill_node_when_checkpointed(home: Path, cluster: str, store: str, after: str
             jobs = list(node.glob("*/pid")) if node.is_dir() else []
             if jobs:
                 job_dir = jobs[0].parent
-                st = Store(store, job_dir.name)
+                st = Store(store, key)
                 names = [c.name for c in st.checkpoints() if c.complete]
                 st.close()
                 if after in names:
@@ -94,7 +95,8 @@ def test_kill9_node1_recovers_from_the_store_same_weights(moto_server: str, gtra
 
     store = bucket(moto_server, f"durable-{'gone' if remove else 'kill9'}")
     spec = spec_file(tmp_path, "dur", store, f"durable_train.py {STEPS} {EVERY} 0.6")
-    killer = kill_node_when_checkpointed(gtrain_home, "dur", store, "step-0003.pt", remove=remove)
+    killer = kill_node_when_checkpointed(gtrain_home, "dur", store, "step-0003.pt", key=run_key(spec),
+                                         remove=remove)
     lines: list[LogLine] = []
     res = gtrain.run(spec, to=tmp_path / "out", on_line=lines.append)
     killer.join(timeout=1)

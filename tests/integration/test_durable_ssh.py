@@ -34,7 +34,7 @@ def test_kill9_of_node1_on_ssh_hosts_recovers_on_that_host(moto_bridge: str, ssh
     assert gtrain.up(spec, report=notes).created
     try:
         job = gtrain.launch(spec, report=notes)
-        killer = dn.when_in_store(store, job.job_id, "step-0003.pt",
+        killer = dn.when_in_store(store, dn.run_key(spec), "step-0003.pt",
                                lambda: killed.append(dn.kill9(dn.pids_where(dn.of_node(job.job_id, 1)))))
         lines: list[LogLine] = []
         final = gtrain.wait("dssh", job_id=job.job_id, on_line=lines.append, report=notes)
