@@ -1,0 +1,72 @@
+"""Trainer patterns, killed mid-run (local provider, 2 nodes, moto's S3 as the store): nanoGPT's one fixed
+``ckpt.pt`` rewritten by global rank 0 after every step, Hugging Face Trainer's ``checkpoint-N/`` folders with
+per-rank files, DeepSpeed ZeRO's ``global_stepN/`` per-rank shards (tests/integration/jobs/trainer_patterns.py).
+Node 1 is killed once both ranks saved step STALL_AT (nothing newer exists anywhere: the ranks are in lock-step):
+the run resumes from exactly that step on both nodes (collected from the nodes if the uploads had not finished),
+ends with the weights of an uninterrupted run, and the result pulled is the final one."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+import gtrain
+from gtrain.jobs.backend import LogLine
+from tests.integration import durable_nodes as dn
+from tests.integration.jobs.trainer_patterns import reference
+from tests.integration.test_durable_local import bucket, fast  # noqa: F401 - fast is a fixture
+from tests.integration.test_durable_runs import _until
+
+JOBS = Path(__file__).parent / "jobs"
+STEPS, STALL_AT = 10, 6
+
+
+@pytest.mark.parametrize("pattern", ["nanogpt", "hf", "zero"])
+def test_a_trainer_pattern_killed_mid_run_resumes_from_the_newest(moto_server: str, gtrain_home: Path,
+                                                                  tmp_path: Path, fast: None, pattern: str) -> None:
+    store = bucket(moto_server, f"trainer-{pattern}")
+    signals = tmp_path / "signals"
+    signals.mkdir()
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(JOBS / "trainer_patterns.py", work / "trainer_patterns.py")
+    name = f"tp{pattern}"
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(json.dumps({
+        "name": name, "provider": "local", "num_nodes": 2,
+        "job": {"workdir": str(work), "run": f"trainer_patterns.py {pattern} {STEPS} 0.2 {STALL_AT}",
+                "nproc_per_node": 1, "checkpoint_dir": "ckpt", "checkpoint_store": store,
+                "checkpoint_tuning": {"settle_s": 1, "poll_s": 0.3},
+                "env": {"OMP_NUM_THREADS": "1", "SIGNALS": str(signals)}},
+        "policies": {"recovery": {"max_restarts": 1, "backoff_s": 0}}}))
+    errors: list[BaseException] = []
+
+    def killer() -> None:
+        try:
+            _until(lambda: (signals / "stalled").exists(), "rank 1 to save step STALL_AT", timeout=240)
+            jobs = list((gtrain_home / "clusters" / name / "node-1" / "jobs").glob("*/pid"))
+            assert dn.kill9(dn.pids_where(dn.of_node(jobs[0].parent.name, 1))) > 0
+        except BaseException as e:  # shown by the test
+            errors.append(e)
+
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    lines: list[LogLine] = []
+    res = gtrain.run(spec, to=tmp_path / "out", on_line=lines.append)
+    t.join(timeout=5)
+    text = [x.text for x in lines]
+    assert not errors, errors
+    assert res.status == "succeeded" and res.exit_code == 0, (res, text[-30:])
+    assert len(res.recoveries) == 1 and res.recoveries[0]["lost"] == [1], res.recoveries
+    starts = sorted(x for x in text if x.startswith("attempt 2 "))
+    assert starts == [f"attempt 2 rank 0 start {STALL_AT}", f"attempt 2 rank 1 start {STALL_AT}"], text[-30:]
+    out = tmp_path / "out"
+    final = json.loads((out / "final.bin").read_text())
+    assert final == {"step": STEPS, "w": reference(STEPS)}
+    newest = {"nanogpt": out / "ckpt.pt", "hf": out / f"checkpoint-{STEPS}" / "model.bin",
+              "zero": out / f"global_step{STEPS}" / "mp_rank_00_model_states.pt"}[pattern]
+    assert json.loads(newest.read_text()) == final
