@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -72,3 +74,57 @@ def test_a_trainer_pattern_killed_mid_run_resumes_from_the_newest(moto_server: s
     newest = {"nanogpt": out / "ckpt.pt", "hf": out / f"checkpoint-{STEPS}" / "model.bin",
               "zero": out / f"global_step{STEPS}" / "mp_rank_00_model_states.pt"}[pattern]
     assert json.loads(newest.read_text()) == final
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pattern", ["nanogpt", "hf", "zero"])
+def test_a_trainer_pattern_killed_mid_run_on_ssh_hosts(moto_bridge: str, ssh_hosts: Any, tmp_path: Path,
+                                                       gtrain_home: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       pattern: str) -> None:
+    """The same on two real sshd hosts (the store: moto's S3 at an address the hosts reach)."""
+    from gtrain.remote import ssh as sshmod
+
+    sshmod.close_all()
+    monkeypatch.setenv("GTRAIN_WATCH_POLL_S", "1")
+    hosts = [ssh_hosts[0], ssh_hosts[1]]
+    name = f"ts{pattern}"
+    spec, _store = dn.durable_spec(tmp_path, name, moto_bridge, provider="ssh", ssh={
+        "user": hosts[0].user, "identity_file": hosts[0].identity_file, "python": sys.executable,
+        "hosts": [f"{h.address}:{h.port}" for h in hosts],
+        "host_keys": {f"{h.address}:{h.port}": h.host_key_line for h in hosts}})
+    signals = tmp_path / "signals"
+    signals.mkdir()
+    work = tmp_path / "work"
+    shutil.copy(JOBS / "trainer_patterns.py", work / "trainer_patterns.py")
+    doc = json.loads(spec.read_text())
+    doc["job"].update(run=f"trainer_patterns.py {pattern} {STEPS} 0.2 {STALL_AT}",
+                      checkpoint_tuning={"settle_s": 1, "poll_s": 0.3})
+    doc["job"]["env"]["SIGNALS"] = str(signals)
+    doc["policies"]["recovery"]["max_restarts"] = 1
+    spec.write_text(json.dumps(doc))
+    notes = dn.Notes()
+    assert gtrain.up(spec, report=notes).created
+    try:
+        job = gtrain.launch(spec, report=notes)
+        killed: list[int] = []
+
+        def kill() -> None:
+            _until(lambda: (signals / "stalled").exists(), "rank 1 to save step STALL_AT", timeout=240)
+            killed.append(dn.kill9(dn.pids_where(dn.of_node(job.job_id, 1))))
+
+        t = threading.Thread(target=kill, daemon=True)
+        t.start()
+        lines: list[LogLine] = []
+        final = gtrain.wait(name, job_id=job.job_id, on_line=lines.append, report=notes)
+        t.join(timeout=5)
+        assert killed and killed[0] > 0, "node 1 was never killed"
+        assert (final.status, final.exit_code) == ("succeeded", 0), dn.why(lines, notes, final)
+        starts = sorted(x.text for x in lines if x.text.startswith("attempt 2 "))
+        assert starts == [f"attempt 2 rank 0 start {STALL_AT}", f"attempt 2 rank 1 start {STALL_AT}"], \
+            dn.why(lines, notes, final)
+        out = tmp_path / "out"
+        gtrain.pull(name, job_id=job.job_id, to=out)
+        got = json.loads((out / "final.bin").read_text())
+        assert got == {"step": STEPS, "w": reference(STEPS)}
+    finally:
+        gtrain.down(name, yes=True)
