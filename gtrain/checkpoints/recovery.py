@@ -195,7 +195,6 @@ def resume(cluster: Cluster, job: JobRecord, ctx: Context) -> JobRecord:
             alive = [i for i in range(cluster.num_nodes) if i not in rec["reprovision"]]
             ctx.report.info(f"stopping the job's ranks on node(s) {alive} ({rec['kind']} of node(s) {rec['lost']})")
             ctx.backend(cluster).cancel(job, nodes=alive, grace_s=5)
-            collect(cluster, job, ctx, alive)  # what the survivors finished since the last upload: restored next
             rec.update(phase="backoff", until=time.time() + float(rec.get("backoff_s", 0)))
             job = _save(ctx, job, rec)
         if rec["phase"] == "backoff":
@@ -208,6 +207,10 @@ def resume(cluster: Cluster, job: JobRecord, ctx: Context) -> JobRecord:
         if rec["phase"] == "provisioning":
             if rec["reprovision"]:
                 _reprovision(cluster, job, ctx, rec)
+            # what the stopped survivors finished since their last upload goes to the store, to be restored next
+            # (here, not right after the stop: every node is reachable again to render the tool's script)
+            collect(ctx.store.get_cluster_by_id(cluster.id), job, ctx,
+                    [i for i in range(cluster.num_nodes) if i not in rec["reprovision"]])
             rec.update(phase="launching", provisioned_at=time.time())
             job = _save(ctx, job, rec)
         if rec["phase"] == "launching":
