@@ -204,6 +204,28 @@ def down(cluster: str, *, yes: bool = False, report: Reporter | None = None, htm
         ctx.store.close()
 
 
+def stop(cluster: str, *, report: Reporter | None = None) -> Any:
+    """Stop a VM cluster's nodes, keeping their disks (``gtrain stop``): compute billing ends, disks bill on."""
+    from gtrain import stopstart
+
+    ctx = _ctx(report)
+    try:
+        return stopstart.stop(cluster, ctx)
+    finally:
+        ctx.store.close()
+
+
+def start(cluster: str, *, report: Reporter | None = None) -> Any:
+    """Start a stopped VM cluster's nodes again (``gtrain start``); jobs can be launched once it returns."""
+    from gtrain import stopstart
+
+    ctx = _ctx(report)
+    try:
+        return stopstart.start(cluster, ctx)
+    finally:
+        ctx.store.close()
+
+
 def _html_report(ctx: Context, cluster: str, job_id: str | None, next_to: Path | None = None) -> str | None:
     """Write the job's report (``gtrain report``'s file); a failure is a warning, never the command's."""
     from gtrain.errors import GtrainError
