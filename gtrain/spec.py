@@ -141,8 +141,8 @@ class Job(_Model):
     max_restarts: Int = Field(0, ge=0, le=100, description="torchrun's `--max_restarts`")
     checkpoint_store: Annotated[str | None, AfterValidator(check_store),
                                 no_credentials("job.checkpoint_store")] = Field(
-        None, description="`s3://bucket[/prefix]` or `gs://…`: nodes upload checkpoints there and restore from it; "
-        "see docs/durable.md")
+        None, description="`s3://bucket[/prefix]`, `gs://…` or `az://container[/prefix]`: nodes upload checkpoints "
+        "there and restore from it; see docs/durable.md")
     checkpoint_tuning: CheckpointTuning | None = Field(
         None, description="`{settle_s: 10, poll_s: 2, notice_poll_s: 5}`: the uploader's timings; see docs/durable.md")
     python: str | None = Field(None, description="interpreter on the nodes (default: python3; local: this one)")
