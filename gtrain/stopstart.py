@@ -46,6 +46,13 @@ class StartResult:
         return {"cluster": self.cluster, "status": "up", "started": self.started, "nodes": self.nodes}
 
 
+def refuse_stopped(cluster: Cluster, what: str) -> None:
+    """``what`` needs the nodes running: exit 2 naming ``gtrain start`` for a stopped cluster."""
+    if cluster.status == "stopped":
+        raise ConfigError(f"cluster {cluster.name} is stopped: {what} needs its nodes running",
+                          hint=f"`gtrain start {cluster.name}` brings them back", field="CLUSTER")
+
+
 def _cluster(name: str, ctx: Context, verb: str) -> Cluster:
     cluster = ctx.cluster(name)
     if not ctx.provider(cluster.provider).can_stop:

@@ -60,7 +60,7 @@ def run_job(name: str, spec: Path) -> None:
     assert sorted(ln.rank for ln in lines if ln.text.startswith("hello from rank")) == [0, 1]
 
 
-def stop_start_cycle(name: str, spec: Path, disk_rate: float, states: Any) -> None:
+def stop_start_cycle(name: str, spec: Path, disk_rate: float, states: Any, *, had_job: bool = False) -> None:
     """stop -> STOPPED, launch refused, disk priced -> start -> a job runs; `states()` is the cloud's view."""
     r = cli("stop", name, "--json")
     assert r.returncode == 0, r.stderr
@@ -73,9 +73,14 @@ def stop_start_cycle(name: str, spec: Path, disk_rate: float, states: Any) -> No
     assert text.returncode == 0, text.stderr
     assert "STOPPED" in text.stdout and f"gtrain start {name}" in text.stdout, text.stdout
     assert [n["status"] for n in gtrain.status(name)[0]["nodes"]] == ["stopped", "stopped"]
+    if had_job:  # its logs were kept at the stop: read from the archive, no node asked
+        logs = cli("logs", name)
+        assert logs.returncode == 0 and "hello from rank 1/2" in logs.stdout, logs.stdout + logs.stderr
     refused = cli("launch", str(spec))
     assert refused.returncode == 2 and f"gtrain start {name}" in refused.stderr, refused.stderr
     assert "Traceback" not in refused.stderr
+    ex = cli("exec", name, "--", "true")  # at once, not after SSH retries to a machine that is off
+    assert ex.returncode == 2 and f"gtrain start {name}" in ex.stderr, ex.stderr
     again = cli("stop", name)  # idempotent: says so, bills the disk as before
     assert again.returncode == 0 and "already stopped" in again.stdout and "/GB-month" in again.stdout, again.stdout
     time.sleep(1.0)  # a stopped interval of measurable length
@@ -96,6 +101,7 @@ def stop_start_cycle(name: str, spec: Path, disk_rate: float, states: Any) -> No
         assert 0 < ln.cost_usd <= ln.price_per_hour * (ln.stopped_at - ln.started_at) / 3600 + 1e-6
         assert "stopped" in (ln.note or "")
     assert len([ln for ln in cost.lines if ln.market == "on-demand"]) == 4  # before the stop, after the start
+    assert cost.status == "up"
 
 
 @pytest.mark.slow
@@ -119,7 +125,6 @@ def test_stop_and_start_an_aws_cluster(moto_server: str, ssh_hosts, tmp_path: Pa
         return [got[i] for i in ids]
 
     try:
-        run_job("aws-stop", spec)
         stop_start_cycle("aws-stop", spec, 0.08, states)
         now = [n.instance_id for n in sorted(gtrain.api._ctx(None).store.node_records(cid), key=lambda n: n.rank)]
         assert now == ids  # the same instances, started again: nothing replaced
@@ -156,7 +161,8 @@ def test_stop_and_start_a_gcp_cluster_and_an_idle_stopped_node(fake_gce: FakeGCE
 
     try:
         inserts = len(fake_gce.inserts)
-        stop_start_cycle("gcp-stop", spec, 0.10, states)
+        run_job("gcp-stop", spec)
+        stop_start_cycle("gcp-stop", spec, 0.10, states, had_job=True)
         assert [v for v, _ in fake_gce.starts_stops] == ["stop", "stop", "start", "start"]
 
         # node 1 powers itself off (the idle watch's `shutdown -h now`; GCE stops it): reported stopped, and
