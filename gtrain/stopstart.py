@@ -101,6 +101,25 @@ def _stopped(provider: Any, cluster: Cluster, node: Any) -> StoppedNode:
     return StoppedNode(node.rank, float(node.extra.get("disk_gb") or 0), rate, label)
 
 
+def _bill_own_stop(ctx: Context, provider: Any, cluster: Cluster, ranks: list[int]) -> None:
+    """Nodes that stopped on their own, where the cloud says since when: their running interval ends then, a
+    stopped (disk-only) one covers the stop, and a running one starts now."""
+    now = time.time()
+    for node in ctx.nodes(cluster):
+        since = node.extra.get("stopped_since")
+        if node.rank not in ranks or not isinstance(since, int | float) or not 0 < since < now:
+            continue
+        ctx.store.close_node_interval(cluster.id, node.rank, at=since)
+        disk = _stopped(provider, cluster, node)
+        iid = ctx.store.open_interval(cluster.id, node.rank, instance_type=cluster.instance_type,
+                                      market=STOPPED_MARKET, price_per_hour=disk.usd_per_hour, started_at=since)
+        ctx.store.close_node_interval(cluster.id, node.rank, at=now)
+        ctx.store.open_interval(cluster.id, node.rank, instance_type=cluster.instance_type, market=cluster.market,
+                                price_per_hour=cluster.price_per_hour, started_at=now)
+        ctx.report.node(node.rank, f"stopped on its own from {time.strftime('%H:%M:%S', time.localtime(since))}: "
+                                   f"billed its disk only until now (cost interval {iid})")
+
+
 def _archive(ctx: Context, cluster: Cluster) -> None:
     """The ended jobs' logs into the run archive while the nodes answer (a stopped node does not)."""
     from gtrain.errors import GtrainError
@@ -136,6 +155,7 @@ def start(name: str, ctx: Context) -> StartResult:
             ctx.store.update_cluster(cluster.id, status="up")
             ctx.event(cluster, "start", msg=f"{len(started)} node(s) started")
         elif started:  # nodes that had stopped themselves (policies.idle_minutes on GCE)
+            _bill_own_stop(ctx, provider, cluster, started)
             ctx.event(cluster, "start", msg=f"node(s) {started} started")
         else:
             ctx.report.info(f"cluster {name} is up and no node of it is stopped")

@@ -168,13 +168,21 @@ def test_stop_and_start_a_gcp_cluster_and_an_idle_stopped_node(fake_gce: FakeGCE
         # node 1 powers itself off (the idle watch's `shutdown -h now`; GCE stops it): reported stopped, and
         # `gtrain start` starts that one node, the same instance
         fake_gce.starts_stops.clear()
+        own_stop = time.time()
         fake_gce.stop_as_guest(names[1])
+        time.sleep(1.0)
         st = gtrain.status("gcp-stop")[0]
         assert [n["status"] for n in st["nodes"]] == ["running", "stopped"]
         r = cli("start", "gcp-stop", "--json")
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)["started"] == [1]
         assert states() == ["running", "running"]
+        cost = next(c for c in gtrain.cost() if c.cluster == "gcp-stop" and c.status == "up")
+        own = [ln for ln in cost.lines if ln.node_rank == 1 and ln.market == "stopped"][-1]
+        # billed as stopped (its disk) from GCE's lastStopTimestamp, not as running until the start
+        assert own.started_at == pytest.approx(own_stop, abs=2) and own.stopped_at is not None
+        assert own.stopped_at - own.started_at >= 0.9
+        assert len([ln for ln in cost.lines if ln.node_rank == 1 and ln.market == "stopped"]) == 2
 
         # recovery of a node that stopped (rather than went away) starts it instead of making a new one
         fake_gce.stop_as_guest(names[0])

@@ -96,6 +96,10 @@ class CloudProvider(Provider):
         """The node's boot disk: (USD per GB-month, its label)."""
         raise NotImplementedError
 
+    def stopped_since(self, cluster: Cluster, node: NodeRecord) -> float | None:
+        """When the cloud says the (stopped) node stopped, as Unix time; None when it does not say."""
+        return None
+
     def reach(self, cluster: Cluster, node: NodeRecord) -> NodeRecord:
         """The node record with its SSH target rebuilt from its (fresh) addresses."""
         raise NotImplementedError
@@ -146,6 +150,8 @@ class CloudProvider(Provider):
             return []
         self.report.info(f"starting {len(todo)} node(s) of {cluster.name}: "
                          + ", ".join(n.instance_id or "?" for n in todo))
+        for n in todo:  # a node that stopped on its own (the idle watch): since when, for the cost report
+            n.extra["stopped_since"] = None if cluster.status == "stopped" else self.stopped_since(cluster, n)
         fresh = self.power_on(cluster, todo)
         for n in todo:
             n.extra.update(fresh.get(n.rank) or {})

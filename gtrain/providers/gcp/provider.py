@@ -302,6 +302,16 @@ class GCPProvider(CloudProvider):
         disk = str(node.extra.get("disk_type") or "pd-balanced")
         return PD_USD_PER_GB_MONTH.get(disk, PD_USD_PER_GB_MONTH["pd-balanced"]), disk
 
+    def stopped_since(self, cluster: Cluster, node: NodeRecord) -> float | None:
+        import datetime as dt
+
+        inst = self.compute.instance(self.project(self._opts(cluster)), node.zone or node.extra.get("zone") or "",
+                                     node.instance_id or "")
+        try:  # Instance.lastStopTimestamp (RFC 3339), set by GCE at every stop
+            return dt.datetime.fromisoformat(str(inst.last_stop_timestamp)).timestamp() if inst else None
+        except ValueError:
+            return None
+
     def reach(self, cluster: Cluster, node: NodeRecord) -> NodeRecord:
         from gtrain.providers.gcp.instances import ssh_target
 
