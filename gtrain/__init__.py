@@ -13,7 +13,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["up", "launch", "logs", "wait", "pull", "down", "status", "cost", "run", "cancel", "exec_command",
+__all__ = ["up", "launch", "logs", "wait", "pull", "down", "stop", "start", "status", "cost", "run", "cancel",
+           "exec_command",
            "__version__"]
 
 

@@ -110,7 +110,7 @@ def logs(cluster: str, *, job_id: str | None = None, follow: bool = False, tail:
     ctx = _ctx(report)
     try:
         gone = ctx.store.find_cluster(cluster)
-        if gone is not None and gone.status == "terminated":  # the lines gtrain kept at `down`
+        if gone is not None and gone.status in ("terminated", "stopped"):  # the lines kept at `down` / `stop`
             from gtrain.runlog import archive
 
             return archive.logs_from_archive(ctx.store, cluster, job_id=job_id, on_line=on_line, node=node,
@@ -210,6 +210,28 @@ def down(cluster: str, *, yes: bool = False, report: Reporter | None = None, htm
         if html_report and not res.already_down:
             res.report = _html_report(ctx, cluster, None)
         return res
+    finally:
+        ctx.store.close()
+
+
+def stop(cluster: str, *, report: Reporter | None = None) -> Any:
+    """Stop a VM cluster's nodes, keeping their disks (``gtrain stop``): compute billing ends, disks bill on."""
+    from gtrain import stopstart
+
+    ctx = _ctx(report)
+    try:
+        return stopstart.stop(cluster, ctx)
+    finally:
+        ctx.store.close()
+
+
+def start(cluster: str, *, report: Reporter | None = None) -> Any:
+    """Start a stopped VM cluster's nodes again (``gtrain start``); jobs can be launched once it returns."""
+    from gtrain import stopstart
+
+    ctx = _ctx(report)
+    try:
+        return stopstart.start(cluster, ctx)
     finally:
         ctx.store.close()
 
@@ -391,6 +413,9 @@ def exec_command(cluster: str, command: str, *, node: int | None = None,
     ctx = _ctx(report)
     try:
         c = ctx.cluster(cluster)
+        from gtrain.stopstart import refuse_stopped
+
+        refuse_stopped(c, "gtrain exec")
         runners = ctx.runners(c)
         if node is not None and not 0 <= node < len(runners):
             raise ConfigError(f"--node {node}: cluster {cluster} has nodes 0..{len(runners) - 1}", field="--node")
@@ -436,6 +461,9 @@ def shell_argv(cluster: str, *, node: int = 0) -> tuple[list[str], str | None]:
     ctx = _ctx(None)
     try:
         c = ctx.cluster(cluster)
+        from gtrain.stopstart import refuse_stopped
+
+        refuse_stopped(c, "gtrain ssh")
         nodes = ctx.nodes(c)
         if not 0 <= node < len(nodes):
             raise ConfigError(f"--node {node}: cluster {cluster} has nodes 0..{len(nodes) - 1}", field="--node")

@@ -46,6 +46,10 @@ def up(spec: ClusterSpec, ctx: Context, *, dry_run: bool = False, keep_failed: b
         return UpResult(plan, None, False)
     with cluster_lock(ctx.store.home, spec.name, "up"):
         existing = ctx.store.find_cluster(spec.name)
+        if existing is not None and existing.status == "stopped":
+            raise ConfigError(f"cluster {spec.name!r} is stopped", field="name",
+                              hint=f"`gtrain start {spec.name}` brings its nodes back, `gtrain down {spec.name}` "
+                                   "deletes it")
         if existing is not None and existing.status == "up":
             changed = spec_changes(existing.spec, spec.to_yaml_dict())
             if not changed:
@@ -255,7 +259,9 @@ def status(ctx: Context, name: str | None = None, *, refresh: bool = True) -> li
         if name is not None and refresh and c.status == "up":
             live = {s.rank: s for s in ctx.provider(c.provider).describe(c)}
         out.append({
-            "name": c.name, "id": c.id, "provider": c.provider, "status": c.status, "num_nodes": c.num_nodes,
+            "name": c.name, "id": c.id, "provider": c.provider, "num_nodes": c.num_nodes,
+            # nodes that all stopped themselves (policies.idle_minutes on GCE) make a stopped cluster too
+            "status": "stopped" if live and all(s.status == "stopped" for s in live.values()) else c.status,
             "instance_type": c.instance_type, "market": c.market, "region": c.region,
             "price_per_hour": round(c.price_per_hour * c.num_nodes, 4), "created_at": c.created_at,
             "uptime_hours": round((now - c.created_at) / 3600, 4),

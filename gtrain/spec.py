@@ -141,8 +141,8 @@ class Job(_Model):
     max_restarts: Int = Field(0, ge=0, le=100, description="torchrun's `--max_restarts`")
     checkpoint_store: Annotated[str | None, AfterValidator(check_store),
                                 no_credentials("job.checkpoint_store")] = Field(
-        None, description="`s3://bucket[/prefix]` or `gs://…`: nodes upload checkpoints there and restore from it; "
-        "see docs/durable.md")
+        None, description="`s3://bucket[/prefix]`, `gs://…` or `az://container[/prefix]`: nodes upload checkpoints "
+        "there and restore from it; see docs/durable.md")
     run_id: Annotated[str | None, AfterValidator(check_run_id)] = Field(
         None, description="the run the checkpoints in `checkpoint_store` belong to (a relaunch resumes it); "
         "default: `run-` + a hash of `run` and `checkpoint_dir`; see docs/durable.md")

@@ -65,7 +65,7 @@ class DataEntry(BaseModel):
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, validate_assignment=True)
 
     src: Annotated[str, no_credentials("job.data.src")] = Field(
-        ..., description="`s3://bucket[/prefix]` or `gs://bucket[/prefix]`")
+        ..., description="`s3://bucket[/prefix]`, `gs://bucket[/prefix]` or `az://container[/prefix]`")
     dst: str = Field(..., description="folder inside the workdir: relative, no `..`")
     delete: bool = Field(False, description="mirror: remove files under `dst` that `src` lacks")
 

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
-STORE_RE = re.compile(r"^(s3|gs)://[a-z0-9][a-z0-9._-]{1,221}[a-z0-9](/[^\x00-\x1f\\]*)?$")
+STORE_RE = re.compile(r"^(s3|gs|az)://[a-z0-9][a-z0-9._-]{1,221}[a-z0-9](/[^\x00-\x1f\\]*)?$")
 
 #: what a recovery can be for: a provider took a spot/preemptible node, a node (or its agent) died
 CAUSES = ("preemption", "node_failure")
@@ -85,7 +85,7 @@ def check_store(v: str | None) -> str | None:
         return v
     v = v.rstrip("/")
     if not STORE_RE.match(v) or "/../" in f"{v}/" or "//" in v.split("://", 1)[1]:
-        raise ValueError("must be s3://bucket[/prefix] or gs://bucket[/prefix]")
+        raise ValueError("must be s3://bucket[/prefix], gs://bucket[/prefix] or az://container[/prefix]")
     return v
 
 

@@ -241,6 +241,14 @@ def _reprovision(cluster: Cluster, job: JobRecord, ctx: Context, rec: dict[str, 
         ctx.store.close_node_interval(cluster.id, rank, at=float(rec["detected_at"]))
     ctx.report.info(f"re-provisioning node(s) {rec['reprovision']} of {cluster.name}")
     started = time.time()
+    if provider.can_stop:  # a stopped node (an idle stop, a stop in the console) is started, not replaced
+        try:
+            again = provider.start_nodes(cluster, rec["reprovision"])
+        except GtrainError as e:  # it cannot be started: provisioning below replaces it
+            ctx.report.warn(f"could not start the stopped node(s) of {rec['reprovision']}: {e.message}")
+            again = []
+        if again:
+            ctx.report.info(f"node(s) {again} were stopped, not gone: started again (same machines and disks)")
     provider.provision(spec, cluster, plan)  # idempotent: makes only what is missing
     for rank in rec["reprovision"]:  # the replacement nodes are billed from now
         ctx.store.open_interval(cluster.id, rank, instance_type=plan.instance_type, market=plan.market,

@@ -46,6 +46,10 @@ def check_down(cluster: Cluster, ctx: Context, *, yes: bool) -> list[str]:
     names = sorted(stored, key=lambda n: stored[n]["mtime"])
     ctx.report.info(f"checkpoints safely in {where}: {', '.join(names) if names else 'none'}")
     ckpt = str(job.info.get("checkpoint_dir") or "checkpoints")
+    if cluster.status == "stopped":  # `gtrain stop`: the nodes cannot be asked without starting them
+        ctx.report.warn(f"{cluster.name} is stopped: its nodes' own checkpoints were not compared with the store "
+                        f"(`gtrain start {cluster.name}` then `gtrain pull` first to keep them)")
+        return []
     try:
         runners = ctx.runners(cluster)
         local = parallel(lambda r: r.call("manifest", f"{r.root}/workdir/{ckpt}"), runners)

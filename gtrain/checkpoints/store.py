@@ -1,7 +1,7 @@
 """The checkpoint store: layout, manifests, upload, listing and restore. Stdlib + gtrain's sync engine only
 (it runs on the nodes, shipped in ``gtrain-ckpt.pyz``, and in the CLI for ``pull`` / ``down``).
 
-Layout under ``job.checkpoint_store`` (``s3://bucket/prefix`` or ``gs://bucket/prefix``)::
+Layout under ``job.checkpoint_store`` (``s3://bucket/prefix``, ``gs://bucket/prefix`` or ``az://container/prefix``)::
 
     <store>/<cluster>/<run-id>/node-K/<name>[/<file>...]   a checkpoint as node K wrote it under checkpoint_dir
     <store>/<cluster>/<run-id>/node-K/.gtrain/<name>.json  its manifest, written LAST: {name, node, files:
@@ -114,7 +114,7 @@ class Store:
 
         base = parse_location(store_url, "job.checkpoint_store")
         if not isinstance(base, RemoteURL):
-            raise SyncError(f"job.checkpoint_store {store_url!r} is not an s3:// or gs:// URL")
+            raise SyncError(f"job.checkpoint_store {store_url!r} is not an s3://, gs:// or az:// URL")
         self.url = RemoteURL(base.scheme, base.bucket, f"{base.key_prefix}{key.strip('/')}")
         self.where = f"{store_url.rstrip('/')}/{key.strip('/')}"
         self.workers = workers

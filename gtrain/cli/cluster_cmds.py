@@ -1,4 +1,4 @@
-"""gtrain up / down / status."""
+"""gtrain up / down / stop / start / status."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from gtrain.cli.params import CLUSTER, JSON, NAME, SPEC, YES_PAID, confirm, conf
 def register(app: typer.Typer) -> None:
     app.command("up")(up)
     app.command("down")(down)
+    app.command("stop")(stop)
+    app.command("start")(start)
     app.command("status")(status)
 
 
@@ -119,6 +121,40 @@ def down(
     out.cost_table(res.cost)
     if res.report:
         out.say(f"report: {res.report}")
+
+
+def stop(cluster: str = CLUSTER, json_: bool = JSON) -> None:
+    """Stop a VM cluster's nodes (aws, gcp), keeping their disks: compute billing ends, the disks bill on."""
+    out.set_json(json_)
+    import gtrain.api as api
+
+    res = api.stop(cluster, report=out.CLIReporter())
+    if json_:
+        out.emit_json(res.to_dict())
+        return
+    was = "was already stopped" if res.already else "is stopped"
+    out.say(f"cluster {cluster} {was}: {len(res.nodes)} node(s), disks and files kept; compute billing has ended.")
+    for n in res.nodes:
+        out.say(f"node {n.rank}: {n.disk_label} {n.disk_gb:g} GB still billed at ${n.disk_usd_per_gb_month:g}/GB-month "
+                f"(${n.usd_per_hour:.4f}/h)")
+    out.say(f"disks: {out.fmt_usd(res.disk_usd_per_hour)}/h (~{out.fmt_usd(res.disk_usd_per_hour * 730)}/month) "
+            f"until `gtrain start {cluster}` or `gtrain down {cluster}`")
+
+
+def start(cluster: str = CLUSTER, json_: bool = JSON) -> None:
+    """Start a stopped VM cluster's nodes again (aws, gcp); jobs can be launched once it returns."""
+    out.set_json(json_)
+    import gtrain.api as api
+
+    res = api.start(cluster, report=out.CLIReporter())
+    if json_:
+        out.emit_json(res.to_dict())
+        return
+    if res.started:
+        out.say(f"cluster {cluster} is up again: node(s) {res.started} started (addresses may have changed; "
+                f"the ssh config is rewritten). Next: gtrain launch --cluster {cluster}")
+    else:
+        out.say(f"cluster {cluster} is up; no node of it was stopped.")
 
 
 def status(

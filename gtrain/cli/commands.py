@@ -14,6 +14,10 @@ ROOT_HELP = ("Run PyTorch training on GPU machines gtrain rents, and leave nothi
 COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("up", "cluster_cmds", "Provision the cluster's nodes."),
     ("down", "cluster_cmds", "Stop jobs, delete every resource of the cluster, print what it cost."),
+    ("stop", "cluster_cmds", "Stop a VM cluster's nodes (aws, gcp), keeping their disks: compute billing ends, the "
+                             "disks bill on."),
+    ("start", "cluster_cmds", "Start a stopped VM cluster's nodes again (aws, gcp); jobs can be launched once it "
+                              "returns."),
     ("status", "cluster_cmds", "Clusters and their jobs."),
     ("launch", "job_cmds", "Sync the workdir, run setup, start job.launcher (default torchrun) on every node, "
                            "detached; print the job id."),

@@ -216,6 +216,7 @@ def run(
     out.set_json(json_)
     import gtrain.api as api
 
+    check_dest("--to", to)  # as `pull --to` checks it, and before anything is made
     ov = Overrides(env or [], num_nodes, gpus, spot, name)
     parsed = ov.load(spec)
     if ov.note():

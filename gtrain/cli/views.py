@@ -26,7 +26,8 @@ def show_status(cluster: str | None, json_: bool) -> None:
         out.say("no clusters. `gtrain up SPEC` makes one.")
         return
     out.table(None, ["cluster", "provider", "status", "nodes", "type", "$/h", "up (h)", "last job", "job status"],
-              [[r["name"], r["provider"], r["status"], r["num_nodes"], r["instance_type"] or "-",
+              [[r["name"], r["provider"], "STOPPED" if r["status"] == "stopped" else r["status"], r["num_nodes"],
+                r["instance_type"] or "-",
                 out.fmt_usd(r["price_per_hour"]), f"{r['uptime_hours']:.2f}",
                 r["jobs"][-1]["id"] if r["jobs"] else "-", _job_cell(r["jobs"])] for r in rows])
     if cluster is not None:
@@ -44,3 +45,6 @@ def show_status(cluster: str | None, json_: bool) -> None:
                         out.fmt_usd(x["cost_usd"])] for jid, x in recs])
         if r.get("recovery"):
             out.say(f"recovery: {r['recovery']}")
+        if r["status"] == "stopped":
+            out.say(f"cluster {r['name']} is stopped: its disks are still billed; `gtrain start {r['name']}` brings "
+                    f"it back, `gtrain down {r['name']}` deletes it")

@@ -90,6 +90,9 @@ class LaunchResult:
 def launch(cluster: Cluster, spec: ClusterSpec, ctx: Context, *, force: bool = False,
            dry_run: bool = False, replace_bad: bool = False, fresh: bool = False) -> LaunchResult:
     _job, local_workdir = check_job(spec)
+    if cluster.status == "stopped" and not dry_run:
+        raise ConfigError(f"cluster {cluster.name} is stopped: nothing can run on its nodes",
+                          hint=f"`gtrain start {cluster.name}` brings them back", field="CLUSTER")
     if replace_bad and not ctx.provider(cluster.provider).can_replace_nodes:
         from gtrain.providers.base import cannot_replace
 

@@ -107,6 +107,9 @@ class Provider(ABC):
     gc_scope: ClassVar[str | None] = None
     #: it can swap one node for a new machine of the same rank (``launch --replace-bad``): :meth:`replace_nodes`
     can_replace_nodes: ClassVar[bool] = False
+    #: its nodes can be stopped (compute billing ends, disks and the nodes' state kept) and started again:
+    #: ``gtrain stop`` / ``gtrain start`` (:meth:`stop_nodes`, :meth:`start_nodes`)
+    can_stop: ClassVar[bool] = False
 
     def __init__(self, store: StateStore, report: Reporter = SILENT) -> None:
         self.store = store
@@ -177,6 +180,17 @@ class Provider(ABC):
         from their start. Only providers that rent their nodes can (``can_replace_nodes``)."""
         raise cannot_replace(self.name)
 
+    def stop_nodes(self, cluster: Cluster, ranks: list[int] | None = None) -> list[StoppedNode]:
+        """Stop the nodes (all, or ``ranks``) keeping their disks, and wait until they are stopped; record them
+        ``stopped``. Returns what each stopped node still bills (its disk). Only ``can_stop`` providers can."""
+        raise cannot_stop(self.name, "stop")
+
+    def start_nodes(self, cluster: Cluster, ranks: list[int] | None = None) -> list[int]:
+        """Start the stopped nodes (all, or ``ranks``) again, wait until they run and answer over SSH, and
+        refresh their records (addresses may change). Returns the ranks started; a node already running is left
+        alone. Only ``can_stop`` providers can."""
+        raise cannot_stop(self.name, "start")
+
     # ---- shared helpers ------------------------------------------------------------------------
 
     def billed_cost(self, interval: CostInterval, now: float) -> float:
@@ -185,6 +199,30 @@ class Provider(ABC):
         if seconds > 0 and self.billing_minimum_s:
             seconds = max(seconds, self.billing_minimum_s)
         return math.ceil(seconds) * interval.price_per_hour / 3600.0
+
+
+@dataclass
+class StoppedNode:
+    """A stopped node and what it still bills: its disk(s), at ``usd_per_hour``."""
+
+    rank: int
+    disk_gb: float
+    disk_usd_per_gb_month: float
+    disk_label: str  # "EBS gp3", "pd-balanced"
+
+    @property
+    def usd_per_hour(self) -> float:
+        return self.disk_gb * self.disk_usd_per_gb_month / 730.0  # the clouds' month of 730 hours
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "usd_per_hour": round(self.usd_per_hour, 6)}
+
+
+def cannot_stop(provider: str, verb: str) -> ConfigError:
+    """The error of ``gtrain stop`` / ``start`` on a provider whose nodes cannot be stopped (exit 2)."""
+    return ConfigError(f"gtrain {verb}: provider {provider} cannot stop and start its nodes", field="provider",
+                       hint="only VM clusters (aws, gcp) can be stopped; `gtrain down NAME` deletes a cluster, "
+                            "and nodes that gtrain does not rent cost nothing while idle")
 
 
 def cannot_replace(provider: str) -> ConfigError:

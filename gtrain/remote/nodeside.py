@@ -34,7 +34,7 @@ def _read(path: str) -> str | None:
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             return f.read()
-    except (FileNotFoundError, NotADirectoryError):
+    except (FileNotFoundError, NotADirectoryError, ProcessLookupError):  # ESRCH: /proc/PID of one that just exited
         return None
 
 

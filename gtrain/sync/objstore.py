@@ -73,9 +73,10 @@ _BAD_CHARS_RE = re.compile(r"[\x00-\x1f\x7f\\]")
 
 
 def parse_location(value: str, fld: str) -> Path | RemoteURL:
-    """A local path, or ``s3://bucket[/prefix]`` / ``gs://bucket[/prefix]`` checked strictly."""
+    """A local path, or ``s3://bucket[/prefix]`` / ``gs://bucket[/prefix]`` / ``az://container[/prefix]`` checked
+    strictly."""
     if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"{fld} is empty", hint="give a local directory or s3://BUCKET/PREFIX or gs://BUCKET/PREFIX",
+        raise ConfigError(f"{fld} is empty", hint="give a local directory or s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or az://CONTAINER/PREFIX",
                           field=fld)
     cred = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://[^/]*@", value)
     if cred:  # never repeated: the part before '@' is a key or a password
@@ -86,7 +87,8 @@ def parse_location(value: str, fld: str) -> Path | RemoteURL:
     if m is None:
         if _LOOKS_LIKE_URL_RE.match(value):
             raise ConfigError(f"{fld} {value!r} looks like a bucket URL but is malformed",
-                              hint="write s3://BUCKET/PREFIX or gs://BUCKET/PREFIX", field=fld)
+                              hint="write s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or az://CONTAINER/PREFIX",
+                              field=fld)
         if "\x00" in value:
             raise ConfigError(f"{fld} contains a NUL byte", field=fld)
         return Path(value).expanduser()
@@ -152,7 +154,7 @@ def make_backend(url: RemoteURL, *, fld: str, client_factory: Callable[[], Any] 
 def sync(src: str, dst: str, *, delete: bool = False, dry_run: bool = False, workers: int = DEFAULT_WORKERS,
          on_progress: Callable[[ProgressEvent], None] | None = None, client_factory: Callable[[], Any] | None = None,
          multipart_threshold: int | None = None, part_size: int | None = None) -> SyncResult:
-    """Make ``dst`` hold what ``src`` holds (one side a local directory, the other ``s3://``/``gs://``).
+    """Make ``dst`` hold what ``src`` holds (one side a local directory, the other ``s3://``/``gs://``/``az://``).
 
     ``delete`` also removes what ``dst`` holds beyond ``src`` (within the prefix / directory only);
     ``dry_run`` plans (and may read local files to compare) but changes nothing, the plan in
@@ -167,7 +169,8 @@ def sync(src: str, dst: str, *, delete: bool = False, dry_run: bool = False, wor
                           hint="one side must be a local directory", field="DST")
     if not isinstance(s, RemoteURL) and not isinstance(d, RemoteURL):
         raise ConfigError(f"cannot sync {src} to {dst}: neither side is a bucket URL",
-                          hint="one side must be s3://BUCKET/PREFIX or gs://BUCKET/PREFIX (use rsync for local copies)",
+                          hint="one side must be s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or az://CONTAINER/PREFIX "
+                               "(use rsync for local copies)",
                           field="DST")
     if workers < 1:
         raise ConfigError(f"workers must be at least 1, not {workers}", field="workers")

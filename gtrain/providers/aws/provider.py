@@ -19,6 +19,7 @@ from gtrain.providers.aws.api import LIVE_STATES, TAG_CLUSTER, TAG_RANK
 from gtrain.providers.aws.instances import AWSInstances
 from gtrain.providers.aws.network import AWSNetwork, Region
 from gtrain.providers.aws.options import AWSOptions, aws_options
+from gtrain.providers.aws.power import AWSPower
 from gtrain.providers.aws.pricing import EBS_GP3_BY_REGION, EBS_GP3_USD_PER_GB_MONTH, AWSPricing, ebs_rate
 from gtrain.providers.aws.teardown import AWSTeardown
 from gtrain.providers.base import GCResult, IntervalCost, NodeStatus, Plan
@@ -61,6 +62,7 @@ class AWSProvider(CloudProvider):
         self.instances = AWSInstances(self.clients, self.ledger, report, max_workers)
         self.teardown = AWSTeardown(self.clients, self.ledger, report)
         self.pricing = AWSPricing(self.clients, self.billing_minimum_s)
+        self.power = AWSPower(self.clients, report)
 
     # ---- plan ----
 
@@ -318,6 +320,43 @@ class AWSProvider(CloudProvider):
         region = node.extra.get("region") or cluster.region or ""
         if node.instance_id:
             self.teardown.terminate_ids(cluster, region, [node.instance_id], api.profile_of(cluster))
+
+    # ---- stop / start ----
+
+    def _by_region(self, cluster: Cluster, nodes: list[NodeRecord]) -> dict[str, dict[int, str]]:
+        out: dict[str, dict[int, str]] = {}
+        for n in nodes:
+            if n.instance_id:
+                out.setdefault(n.extra.get("region") or cluster.region or "", {})[n.rank] = n.instance_id
+        return out
+
+    def power_off(self, cluster: Cluster, nodes: list[NodeRecord]) -> None:
+        poll = aws_options(cluster.spec.get("aws")).poll_s
+        for region, ids in self._by_region(cluster, nodes).items():
+            self.power.stop(region, api.profile_of(cluster), ids, poll)
+
+    def power_on(self, cluster: Cluster, nodes: list[NodeRecord]) -> dict[int, dict[str, str | None]]:
+        poll = aws_options(cluster.spec.get("aws")).poll_s
+        out: dict[int, dict[str, str | None]] = {}
+        for region, ids in self._by_region(cluster, nodes).items():
+            for rank, inst in self.power.start(region, api.profile_of(cluster), ids, poll).items():
+                out[rank] = {"private_ip": inst.get("PrivateIpAddress"), "public_ip": inst.get("PublicIpAddress")}
+        return out
+
+    def disk_price(self, cluster: Cluster, node: NodeRecord) -> tuple[float, str]:
+        return ebs_rate(node.extra.get("region") or cluster.region), "EBS gp3"
+
+    def reach(self, cluster: Cluster, node: NodeRecord) -> NodeRecord:
+        from gtrain.providers.aws.instances import ssh_target
+
+        node.ssh = ssh_target(node.extra, node.instance_id or "")
+        return node
+
+    def cloud_options(self, spec: ClusterSpec) -> AWSOptions:
+        return aws_options(spec.aws)
+
+    def wait_reachable(self, cluster: Cluster) -> None:
+        self.instances.wait_ssh(cluster, aws_options(cluster.spec.get("aws")))
 
     # ---- price ----
 

@@ -34,6 +34,9 @@ def cloud_interval_cost(interval: CostInterval, *, minimum_s: float, spot: tuple
     provider's ``spot`` (rate, is_estimate, note)), plus the boot disk by GB-hour, with the billing minimum."""
     stop = interval.stopped_at or time.time()
     seconds = max(0.0, stop - interval.started_at)
+    if interval.market == "stopped":  # `gtrain stop`: no compute, the disk at the $/h stored when it stopped
+        return IntervalCost(round(seconds * interval.price_per_hour / 3600.0, 6), estimate=True,
+                            note=f"stopped: {disk_label} {disk_gb:g} GB only, ${interval.price_per_hour:.6f}/h")
     billed = billed_seconds(seconds, minimum_s)
     if interval.market == "spot" and spot is not None:
         rate, estimate, note = spot

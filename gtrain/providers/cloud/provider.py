@@ -20,7 +20,10 @@ from gtrain.providers.cloud.lifetime import ended_by_limit, node_lifetime_s
 
 if TYPE_CHECKING:
     from gtrain.nodes import NodeRecord
+    from gtrain.providers.base import StoppedNode
+    from gtrain.providers.cloud.options import CloudOptions
     from gtrain.remote.base import Runner
+    from gtrain.spec import ClusterSpec
     from gtrain.state import Cluster, StateStore
 
 
@@ -29,6 +32,7 @@ class CloudProvider(Provider):
     nodes_enforce_limits: ClassVar[bool] = True
     confirms_cost: ClassVar[bool] = True
     can_replace_nodes: ClassVar[bool] = True
+    can_stop: ClassVar[bool] = True
 
     def __init__(self, store: StateStore, report: Reporter = SILENT, *, max_workers: int = 32) -> None:
         super().__init__(store, report)
@@ -77,3 +81,92 @@ class CloudProvider(Provider):
                                          price_per_hour=plan.price_per_hour,
                                          started_at=new.launched_at if new.launched_at is not None else started)
                 self.report.node(rank, f"replaced: {nodes[rank].instance_id} -> {new.instance_id}")
+
+    # ---- stop / start (``gtrain stop`` / ``gtrain start``): the cloud's part is in power_* below ----------
+
+    def power_off(self, cluster: Cluster, nodes: list[NodeRecord]) -> None:
+        """Stop these nodes' instances (disks kept) and wait until the cloud says they are stopped."""
+        raise NotImplementedError
+
+    def power_on(self, cluster: Cluster, nodes: list[NodeRecord]) -> dict[int, dict[str, str | None]]:
+        """Start these stopped instances, wait until they run; rank -> the fresh ``private_ip``/``public_ip``."""
+        raise NotImplementedError
+
+    def disk_price(self, cluster: Cluster, node: NodeRecord) -> tuple[float, str]:
+        """The node's boot disk: (USD per GB-month, its label)."""
+        raise NotImplementedError
+
+    def stopped_since(self, cluster: Cluster, node: NodeRecord) -> float | None:
+        """When the cloud says the (stopped) node stopped, as Unix time; None when it does not say."""
+        return None
+
+    def reach(self, cluster: Cluster, node: NodeRecord) -> NodeRecord:
+        """The node record with its SSH target rebuilt from its (fresh) addresses."""
+        raise NotImplementedError
+
+    def cloud_options(self, spec: ClusterSpec) -> CloudOptions:
+        """The spec's section of this cloud, validated."""
+        raise NotImplementedError
+
+    def wait_reachable(self, cluster: Cluster) -> None:
+        """Wait until every node answers over SSH (the cloud's host keys pinned first)."""
+        raise NotImplementedError
+
+    def _picked(self, cluster: Cluster, ranks: list[int] | None) -> list[NodeRecord]:
+        nodes = [n for n in self.store.node_records(cluster.id) if n.status not in ("terminated", "deleted")]
+        return [n for n in nodes if ranks is None or n.rank in ranks]
+
+    def stop_nodes(self, cluster: Cluster, ranks: list[int] | None = None) -> list[StoppedNode]:
+        from gtrain.providers.base import StoppedNode
+
+        if cluster.market == "spot":
+            raise ConfigError(f"gtrain stop: cluster {cluster.name} runs on {self.name} spot capacity, which is not "
+                              "stopped and kept for you (the cloud may take it back at any time)",
+                              field="resources.use_spot",
+                              hint=f"`gtrain down {cluster.name}` ends it; on-demand clusters can be stopped")
+        nodes = self._picked(cluster, ranks)
+        running = {s.rank: s.status for s in self.describe(cluster)}
+        todo = [n for n in nodes if running.get(n.rank) != "stopped"]
+        if todo:
+            self.report.info(f"stopping {len(todo)} node(s) of {cluster.name}: "
+                             + ", ".join(n.instance_id or "?" for n in todo))
+            self.power_off(cluster, todo)
+        out = []
+        for n in nodes:
+            self.ledger.put_node(cluster.id, dataclasses.replace(n, status="stopped"))
+            rate, label = self.disk_price(cluster, n)
+            out.append(StoppedNode(n.rank, float(n.extra.get("disk_gb") or 0), rate, label))
+        return out
+
+    def start_nodes(self, cluster: Cluster, ranks: list[int] | None = None) -> list[int]:
+        from gtrain.providers.cloud.idle import idle_watch
+        from gtrain.providers.cloud.ssh_access import write_ssh_config
+        from gtrain.spec import parse_spec
+
+        nodes = self._picked(cluster, ranks)
+        state = {s.rank: s.status for s in self.describe(cluster)}
+        todo = [n for n in nodes if state.get(n.rank) == "stopped"]
+        if not todo:
+            return []
+        self.report.info(f"starting {len(todo)} node(s) of {cluster.name}: "
+                         + ", ".join(n.instance_id or "?" for n in todo))
+        for n in todo:  # a node that stopped on its own (the idle watch): since when, for the cost report
+            n.extra["stopped_since"] = None if cluster.status == "stopped" else self.stopped_since(cluster, n)
+        fresh = self.power_on(cluster, todo)
+        for n in todo:
+            n.extra.update(fresh.get(n.rank) or {})
+            n.extra.pop("node_address", None)
+            n.address = n.extra.get("private_ip") or n.address
+            self.ledger.put_node(cluster.id, dataclasses.replace(self.reach(cluster, n), status="up"))
+        write_ssh_config(self.ledger, self.report)
+        spec = parse_spec(cluster.spec, base_dir=cluster.extra.get("base_dir"))
+        opts = self.cloud_options(spec)
+        if opts.wait_ssh:
+            self.wait_reachable(cluster)
+        # the idle watch ended with the machine: each started node gets its own again
+        started = {n.rank for n in todo}
+        runners = [r for n, r in zip(self.store.node_records(cluster.id), self.runners(cluster), strict=True)
+                   if n.rank in started]
+        idle_watch(spec, opts, runners, self.report, self.max_workers)
+        return sorted(started)
+

@@ -23,6 +23,7 @@ from gtrain.providers.gcp.options import GCPOptions, gcp_options
 if TYPE_CHECKING:
     from gtrain.catalog import Offer
     from gtrain.events import Reporter
+    from gtrain.nodes import NodeRecord
     from gtrain.providers.base import Plan
     from gtrain.providers.cloud.ledger import Ledger
     from gtrain.remote.ssh.target import SSHTarget
@@ -168,6 +169,47 @@ class GCPInstances:
         with self.ledger.lock:
             self.store.update_cluster(cluster.id, region=region, price_per_hour=price)
         write_ssh_config(self.ledger, self.report)
+
+    # ---- stop / start ----
+
+    def power(self, project: str, nodes: list[NodeRecord], verb: str) -> dict[int, dict[str, str | None]]:
+        """``instances.stop`` / ``instances.start`` on every node in parallel, each zone operation waited on, then
+        each instance until GCE says TERMINATED (stopped) / RUNNING; rank -> its fresh addresses (start gives a
+        new ephemeral external IP). REST reference: https://cloud.google.com/compute/docs/reference/rest/v1/
+        instances/stop and .../instances/start."""
+        want = "TERMINATED" if verb == "stop" else "RUNNING"
+        poll = gcp_options({}).poll_s
+
+        def one(node: NodeRecord) -> tuple[int, dict[str, str | None]]:
+            zone, name = node.zone or node.extra.get("zone") or "", node.instance_id or ""
+            what = f"instances.{verb} {name}"
+            with gce(what):
+                call = self.compute.clients.instances.stop if verb == "stop" else self.compute.clients.instances.start
+                op = call(project=project, zone=zone, instance=name)
+            api.wait_zone_op(self.compute.clients, project, zone, op.name, what)
+            deadline = time.monotonic() + 900
+            delay = 0.1
+            last = ""
+            while True:
+                inst = self.compute.instance(project, zone, name)
+                if inst is None:
+                    raise ProviderError(f"{name} no longer exists in {zone}: it cannot be {verb}ed",
+                                        hint="`gtrain down` ends the cluster; `gtrain up` makes a new one")
+                if inst.status != last:
+                    last = inst.status
+                    self.report.node(node.rank, f"{name} {last}")
+                if inst.status == want:
+                    nic = inst.network_interfaces[0] if inst.network_interfaces else None
+                    return node.rank, {
+                        "private_ip": nic.network_i_p if nic else None,
+                        "public_ip": nic.access_configs[0].nat_i_p or None if nic and nic.access_configs else None}
+                if time.monotonic() > deadline:
+                    raise ProviderError(f"{name} not {want} 900 s after instances.{verb} ({last})")
+                time.sleep(delay)
+                delay = min(delay * 2, poll)
+
+        with ThreadPoolExecutor(min(self.max_workers, max(1, len(nodes)))) as pool:
+            return dict(f.result() for f in [pool.submit(one, n) for n in nodes])
 
     # ---- ssh ----
 

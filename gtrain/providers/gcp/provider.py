@@ -290,6 +290,41 @@ class GCPProvider(CloudProvider):
         if node.instance_id and zone:
             self.teardown.delete_instances(self.project(self._opts(cluster)), [(zone, node.instance_id)], cluster)
 
+    # ---- stop / start ----
+
+    def power_off(self, cluster: Cluster, nodes: list[NodeRecord]) -> None:
+        self.instances.power(self.project(self._opts(cluster)), nodes, "stop")
+
+    def power_on(self, cluster: Cluster, nodes: list[NodeRecord]) -> dict[int, dict[str, str | None]]:
+        return self.instances.power(self.project(self._opts(cluster)), nodes, "start")
+
+    def disk_price(self, cluster: Cluster, node: NodeRecord) -> tuple[float, str]:
+        disk = str(node.extra.get("disk_type") or "pd-balanced")
+        return PD_USD_PER_GB_MONTH.get(disk, PD_USD_PER_GB_MONTH["pd-balanced"]), disk
+
+    def stopped_since(self, cluster: Cluster, node: NodeRecord) -> float | None:
+        import datetime as dt
+
+        inst = self.compute.instance(self.project(self._opts(cluster)), node.zone or node.extra.get("zone") or "",
+                                     node.instance_id or "")
+        try:  # Instance.lastStopTimestamp (RFC 3339), set by GCE at every stop
+            return dt.datetime.fromisoformat(str(inst.last_stop_timestamp)).timestamp() if inst else None
+        except ValueError:
+            return None
+
+    def reach(self, cluster: Cluster, node: NodeRecord) -> NodeRecord:
+        from gtrain.providers.gcp.instances import ssh_target
+
+        node.ssh = ssh_target(node.extra, node.instance_id or "")
+        return node
+
+    def cloud_options(self, spec: ClusterSpec) -> GCPOptions:
+        return gcp_options(spec.gcp)
+
+    def wait_reachable(self, cluster: Cluster) -> None:
+        opts = self._opts(cluster)
+        self.instances.wait_ssh(cluster, opts, self.project(opts))
+
     # ---- price ----
 
     def price(self, cluster: Cluster, interval: CostInterval) -> IntervalCost:

@@ -99,6 +99,8 @@ fi
 
 cd /home/u/gtrain/demo/workdir || { write_state failed 97; exit 97; }
 write_state running null
+# 1, 2, ... across recoveries (a relaunch writes the next one in `attempt`), with or without a checkpoint store
+GTRAIN_ATTEMPT=$(cat "$JOB_DIR/attempt" 2>/dev/null || echo 1); export GTRAIN_ATTEMPT
 echo "[gtrain] node $GTRAIN_NODE_RANK/$GTRAIN_NUM_NODES starting deepspeed: $GTRAIN_NPROC_PER_NODE proc(s), rendezvous $GTRAIN_MASTER_ADDR:$GTRAIN_MASTER_PORT"
 
 cancelled=0
