@@ -135,7 +135,8 @@ def plan(job: Job, runtime: str, *, root: str, job_root: str, workdir: str, gpus
                          f"export ENROOT_CONFIG_PATH={shlex.quote(conf)}"]
     if runtime == "pyxis":
         mounts = ",".join(f"{h}:{p}" + (":ro" if ro else "") for h, p, ro in binds)
-        out.srun_flags = [f"--container-image={enroot_uri(job.image).removeprefix('docker://')}", f"--container-mounts={mounts}",
+        ref = enroot_uri(job.image).removeprefix("docker://")
+        out.srun_flags = [f"--container-image={ref}", f"--container-mounts={mounts}",
                           f"--container-workdir={workdir}", *opts]
         return out
     if runtime == "enroot":
