@@ -112,3 +112,12 @@ def cleanup_command(job_dir: str) -> str:
             f'"$__rt" rm -f "$__name" >/dev/null 2>&1; '
             f'__ids=$("$__rt" ps -aq --filter "label={LABEL_JOB}=$(basename {shlex.quote(job_dir)})"); '
             f'[ -n "$__ids" ] && "$__rt" rm -f $__ids >/dev/null 2>&1; fi; true')
+
+
+def cluster_cleanup_command(cluster: str) -> str:
+    """Remove every container of ``cluster`` on this node, found by its label (``down``: even when the job's
+    records or folder are gone). Both VM runtimes are asked, where installed."""
+    label = shlex.quote(f"label={LABEL_CLUSTER}={cluster}")
+    return (f'for __rt in docker podman; do command -v "$__rt" >/dev/null 2>&1 || continue; '
+            f'__ids=$("$__rt" ps -aq --filter {label} 2>/dev/null); '
+            f'[ -n "$__ids" ] && "$__rt" rm -f $__ids >/dev/null 2>&1; done; true')

@@ -115,10 +115,14 @@ def test_ssh_every_rank_in_the_image_then_cancel_and_down(ssh_docker_hosts: SSHD
         gtrain.cancel("sctr")
         assert leftovers(env) == []
 
-        # down with a job running: no container left on either node
+        # down with a job running, and a container of the cluster no job record knows of: none left after
         job = gtrain.launch(spec_for(tmp_path, env, "sctr", run="image_probe.py --sleep 300"))
         wait_ranks("sctr", job.job_id, marker)
-        assert len(leftovers(env)) == 2
+        h = env.hosts[1]
+        subprocess.run(["docker", "run", "-d", "--label", "gtrain.cluster=sctr", "-v", "/usr:/usr:ro", env.image,
+                        "/usr/bin/sleep", "300"], env={**os.environ, "DOCKER_HOST": h.docker_host}, check=True,
+                       capture_output=True)
+        assert len(leftovers(env)) == 3
     finally:
         gtrain.down("sctr", yes=True)
     assert leftovers(env) == []
