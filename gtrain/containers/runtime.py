@@ -77,10 +77,13 @@ def run_argv(job: Job, *, cluster: str, job_id: str, node_rank: int, gpus: bool,
     """``docker run ... IMAGE`` for one node; the command to run inside follows it."""
     assert job.image is not None
     rt = vm_runtime(job)
-    argv = [rt, "run", "--rm", "-i", "--init", "--name", container_name(cluster, job_id, node_rank) + suffix,
+    # podman refuses --init with the host's PID namespace and --shm-size with the host's IPC (where /dev/shm is
+    # the host's anyway); docker takes both
+    argv = [rt, "run", "--rm", "-i", *(["--init"] if rt == "docker" else []),
+            "--name", container_name(cluster, job_id, node_rank) + suffix,
             "--label", f"{LABEL_CLUSTER}={cluster}", "--label", f"{LABEL_JOB}={job_id}",
             "--network", "host", "--ipc", "host", "--pid", "host", "--ulimit", "stack=67108864",
-            "--shm-size", SHM_SIZE]
+            *(["--shm-size", SHM_SIZE] if rt == "docker" else [])]
     if gpus:
         argv += ["--gpus", "all"]
     seen: set[str] = set()
