@@ -77,10 +77,13 @@ def run_argv(job: Job, *, cluster: str, job_id: str, node_rank: int, gpus: bool,
     """``docker run ... IMAGE`` for one node; the command to run inside follows it."""
     assert job.image is not None
     rt = vm_runtime(job)
-    argv = [rt, "run", "--rm", "-i", "--init", "--name", container_name(cluster, job_id, node_rank) + suffix,
+    # podman refuses --init with the host's PID namespace and --shm-size with the host's IPC (where /dev/shm is
+    # the host's anyway); docker takes both
+    argv = [rt, "run", "--rm", "-i", *(["--init"] if rt == "docker" else []),
+            "--name", container_name(cluster, job_id, node_rank) + suffix,
             "--label", f"{LABEL_CLUSTER}={cluster}", "--label", f"{LABEL_JOB}={job_id}",
             "--network", "host", "--ipc", "host", "--pid", "host", "--ulimit", "stack=67108864",
-            "--shm-size", SHM_SIZE]
+            *(["--shm-size", SHM_SIZE] if rt == "docker" else [])]
     if gpus:
         argv += ["--gpus", "all"]
     seen: set[str] = set()
@@ -112,3 +115,12 @@ def cleanup_command(job_dir: str) -> str:
             f'"$__rt" rm -f "$__name" >/dev/null 2>&1; '
             f'__ids=$("$__rt" ps -aq --filter "label={LABEL_JOB}=$(basename {shlex.quote(job_dir)})"); '
             f'[ -n "$__ids" ] && "$__rt" rm -f $__ids >/dev/null 2>&1; fi; true')
+
+
+def cluster_cleanup_command(cluster: str) -> str:
+    """Remove every container of ``cluster`` on this node, found by its label (``down``: even when the job's
+    records or folder are gone). Both VM runtimes are asked, where installed."""
+    label = shlex.quote(f"label={LABEL_CLUSTER}={cluster}")
+    return (f'for __rt in docker podman; do command -v "$__rt" >/dev/null 2>&1 || continue; '
+            f'__ids=$("$__rt" ps -aq --filter {label} 2>/dev/null); '
+            f'[ -n "$__ids" ] && "$__rt" rm -f $__ids >/dev/null 2>&1; done; true')

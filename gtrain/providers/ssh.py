@@ -262,6 +262,9 @@ class SSHProvider(Provider):
                 self.store.mark_resource(res.id, "deleted")
                 return
             try:
+                from gtrain.containers.runtime import cluster_cleanup_command  # job.image: by label
+
+                runners[node.rank].run(cluster_cleanup_command(cluster.name), timeout=120, check=False)
                 runners[node.rank].call("remove_tree", str(node.root), timeout=120)
                 self.store.mark_resource(res.id, "deleted")
             except GtrainError as e:

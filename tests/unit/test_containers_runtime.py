@@ -30,7 +30,20 @@ def test_run_argv_flags_gpus_mounts_and_image_last() -> None:
         assert flag in s
     assert s.count("-v /r/workdir:/r/workdir") == 1
     assert "--gpus" not in argv(job(), gpus=False)
-    assert argv(job(container={"runtime": "podman"}), gpus=False)[0] == "podman"
+    pod = argv(job(container={"runtime": "podman"}), gpus=False)
+    assert pod[0] == "podman" and "--pid" in pod and "--ipc" in pod
+    # podman refuses --init with the host's PID namespace and --shm-size with the host's IPC namespace
+    assert "--init" not in pod and "--shm-size" not in pod
+
+
+def test_cluster_cleanup_finds_containers_by_label() -> None:
+    import subprocess
+
+    from gtrain.containers.runtime import cluster_cleanup_command
+
+    cmd = cluster_cleanup_command("c'1")
+    assert "label=gtrain.cluster=c'\"'\"'1" in cmd and "docker podman" in cmd
+    assert subprocess.run(["bash", "-n", "-c", cmd]).returncode == 0
 
 
 def test_container_name_is_safe() -> None:

@@ -26,6 +26,10 @@ DEFAULT_IMAGE_NAMES = (
     "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) *",
     "Deep Learning AMI*Ubuntu*",
 )
+#: with job.image: only the DLAMIs whose release notes list Docker and the NVIDIA Container Toolkit
+#: (docs.aws.amazon.com/dlami/latest/devguide, "Major package versions": nvidia_container_toolkit_version,
+#: docker-ce); the generic fallback pattern could match an AMI without them
+CONTAINER_IMAGE_NAMES = DEFAULT_IMAGE_NAMES[:2]
 
 
 @dataclass
@@ -94,7 +98,8 @@ class AWSNetwork:
                                   hint="AMI ids are per region; leave image_id unset for the newest Deep Learning AMI",
                                   field="resources.image_id")
             return imgs[0]["ImageId"], imgs[0].get("RootDeviceName") or "/dev/sda1"
-        patterns = opts.image_name or list(DEFAULT_IMAGE_NAMES)
+        with_image = spec.job is not None and bool(spec.job.image)
+        patterns = opts.image_name or list(CONTAINER_IMAGE_NAMES if with_image else DEFAULT_IMAGE_NAMES)
         with api.call(f"{region}: describe_images"):
             imgs = ec2.describe_images(Owners=[opts.image_owner], Filters=[
                 {"Name": "name", "Values": patterns}, {"Name": "state", "Values": ["available"]},

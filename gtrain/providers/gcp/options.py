@@ -9,10 +9,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from gtrain.providers.cloud.options import CloudOptions
 from gtrain.providers.gcp import api
 
-__all__ = ["DEFAULT_IMAGE_FAMILY", "DEFAULT_IMAGE_PROJECT", "GCPOptions", "gcp_options"]
+__all__ = ["CONTAINER_IMAGE_FAMILIES", "DEFAULT_IMAGE_FAMILY", "DEFAULT_IMAGE_PROJECT", "GCPOptions", "gcp_options"]
 
 DEFAULT_IMAGE_PROJECT = "deeplearning-platform-release"
 DEFAULT_IMAGE_FAMILY = "common-cu124-ubuntu-2204-py310"
+#: Deep Learning VM families that ship Docker and the NVIDIA Container Toolkit (job.image runs there as is;
+#: cloud.google.com/deep-learning-vm/docs/images)
+CONTAINER_IMAGE_FAMILIES = frozenset({DEFAULT_IMAGE_FAMILY})
 
 
 class GCPOptions(CloudOptions):

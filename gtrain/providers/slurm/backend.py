@@ -11,6 +11,7 @@ the job's files); Slurm's state decides, the nodes' files give rank detail. See 
 from __future__ import annotations
 
 import json
+import os
 import secrets as _secrets
 import shlex
 import time
@@ -45,9 +46,11 @@ _RUNTIME = {"HEAD": "GTRAIN_HEAD_ADDR", "PORT": "GTRAIN_RDZV_PORT", "SELF": "GTR
             "IPS": "GTRAIN_NODE_IPS_RT"}
 
 
-def render_job(request: JobRequest, root: str, python: str, sbatch: list[str]) -> dict[int, dict[str, str]]:
+def render_job(request: JobRequest, root: str, python: str, sbatch: list[str],
+               runtime: str | None = None) -> dict[int, dict[str, str]]:
     """The job's files, by node: node 0 holds batch.sh and node.sh (job folder), every node K its
-    ``node-K/`` scripts from the shared templates, with run-time values filled in by the shell."""
+    ``node-K/`` scripts from the shared templates, with run-time values filled in by the shell. ``runtime``
+    (job.image: pyxis, enroot or apptainer, see .containers) runs node K's setup and launcher in the image."""
     job = request.spec.job
     assert job is not None
     n = request.cluster.num_nodes
@@ -55,7 +58,17 @@ def render_job(request: JobRequest, root: str, python: str, sbatch: list[str]) -
     workdir = f"{root}/workdir"
     salt = _secrets.token_hex(6)
     tokens = {k: f"GTRAINRT{salt}{k}" for k in _TOKEN_NAMES}
-    common = {"job_id": request.job_id, "cluster": request.cluster.name, "num_nodes": n, "job_root": job_root}
+    common: dict[str, Any] = {"job_id": request.job_id, "cluster": request.cluster.name, "num_nodes": n,
+                              "job_root": job_root, "ctr_runtime": "", "ctr_batch_env": [], "ctr_srun_flags": [],
+                              "ctr_prelude": [], "ctr_wrap": ""}
+    ctr = None
+    if job.image and runtime:
+        from gtrain.providers.slurm.containers import plan
+
+        ctr = plan(job, runtime, root=root, job_root=job_root, workdir=workdir,
+                   gpus=request.spec.resources.gpus_per_node > 0)
+        common.update(ctr_runtime=ctr.runtime, ctr_batch_env=ctr.batch_env, ctr_srun_flags=ctr.srun_flags,
+                      ctr_prelude=ctr.prelude, ctr_wrap=ctr.wrap)
     files: dict[int, dict[str, str]] = {0: {
         "batch.sh": render("slurm/batch.sh.j2", {**common, "sbatch": sbatch}),
         "node.sh": render("slurm/node.sh.j2", common),
@@ -72,7 +85,8 @@ def render_job(request: JobRequest, root: str, python: str, sbatch: list[str]) -
             node_ips=[tokens["IPS"]], node_addr=tokens["SELF"], master_addr=tokens["HEAD"],
             master_port=tokens["PORT"],  # type: ignore[arg-type]  # a token until run time
             nproc_per_node=nproc, job_dir=f"{job_root}/node-{k}", workdir=workdir,
-            checkpoint_dir=f"{workdir}/{job.checkpoint_dir}", python=job.python or python, argv=job.argv,
+            checkpoint_dir=f"{workdir}/{job.checkpoint_dir}", argv=job.argv,
+            python=job.python or ("python3" if job.image else python),
             env=dict(job.env), secret_names=list(job.secrets), setup=job.setup, max_restarts=job.max_restarts,
             launcher=launcher, launcher_options=options, launcher_notes=notes)
         out = files.setdefault(k, {})
@@ -80,6 +94,11 @@ def render_job(request: JobRequest, root: str, python: str, sbatch: list[str]) -
             for key, tok in tokens.items():  # tokens are shell-safe words: never inside quotes
                 text = text.replace(tok, '"${' + _RUNTIME[key] + '}"')
             out[f"node-{k}/{name}"] = text
+        if ctr is not None:  # `launch --dry-run`: the node's exact container command first
+            from gtrain.providers.slurm.containers import dry_run_lines
+
+            out["command"] = dry_run_lines(ctr).replace("node.sh", f"{job_root}/node.sh").replace(
+                "launch.sh", f"{job_root}/node-{k}/launch.sh") + "\n"
     return files
 
 
@@ -108,7 +127,7 @@ class SlurmBackend(JobBackend):
 
         opts = parse_options(request.spec)
         sbatch = self.provider.sbatch_lines(request.spec, opts, self.cluster, request.job_id, self.root)
-        files = render_job(request, self.root, opts.python, sbatch)
+        files = render_job(request, self.root, opts.python, sbatch, self._runtime(request))
         job = request.spec.job
         assert job is not None
         nproc = job.nproc_per_node or request.spec.resources.gpus_per_node or 1
@@ -117,6 +136,15 @@ class SlurmBackend(JobBackend):
                 "checkpoint_dir": job.checkpoint_dir, "workdir": request.workdir, "env_names": sorted(job.env),
                 "secret_names": list(job.secrets), "backend": self.name, "job_root": self.job_root(request.job_id)}
         return JobPlan(request, files, info)
+
+    def _runtime(self, request: JobRequest) -> str | None:
+        """job.image: the container runtime detected on this cluster (exit 2 naming what is missing)."""
+        job = request.spec.job
+        if job is None or not job.image:
+            return None
+        from gtrain.providers.slurm.containers import choose, detect
+
+        return choose(job, detect(self.slurm, self.alloc))
 
     def submit(self, plan: JobPlan, report: Reporter | None = None) -> str:
         from gtrain.jobs.nodescript import secret_stdin
@@ -135,13 +163,18 @@ class SlurmBackend(JobBackend):
         rep.info(f"workdir synced to {self.root}/workdir ({moved} of {len(files)} files changed)")
         for node_files in plan.files.values():
             for name, text in node_files.items():
+                if name == "command":  # (the dry-run's summary; the scripts hold it)
+                    continue
                 runner.write_file(f"{jroot}/{name}", text.encode(), 0o700)
         alloc = self.alloc
+        creds = job.image_credentials if job.image else None  # the registry password: in the job's env only
+        env_in = secret_stdin(job) + (f"{creds.password_secret}={os.environ[creds.password_secret]}".encode()
+                                      + b"\x00" if creds is not None else b"")
         try:
             if alloc:
-                sid = self._start_step(plan, runner, alloc, secret_stdin(job))
+                sid = self._start_step(plan, runner, alloc, env_in)
             else:
-                sid = self.slurm.sbatch(f"{jroot}/batch.sh", secret_stdin(job) or None)
+                sid = self.slurm.sbatch(f"{jroot}/batch.sh", env_in or None)
         except GtrainError:
             runner.run(f"rm -rf {shlex.quote(jroot)}", check=False)  # nothing submitted: nothing left
             raise

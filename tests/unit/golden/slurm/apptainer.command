@@ -1,0 +1,1 @@
+${GTRAIN_APPTAINER:-apptainer} exec --nv --bind /shared/gtrain/sl/workdir:/shared/gtrain/sl/workdir,/shared/gtrain/sl/jobs/job-1:/shared/gtrain/sl/jobs/job-1,/fsx:/data:ro --pwd /shared/gtrain/sl/workdir docker://nvcr.io/nvidia/pytorch:25.01-py3 bash /shared/gtrain/sl/jobs/job-1/node-0/launch.sh

@@ -1,0 +1,1 @@
+enroot start --mount /shared/gtrain/sl/workdir:/shared/gtrain/sl/workdir --mount /shared/gtrain/sl/jobs/job-1:/shared/gtrain/sl/jobs/job-1 --mount /fsx:/data:ro "${__envs[@]}" /shared/gtrain/sl/images/nvcr.io_nvidia_pytorch_25.01-py3.sqsh bash /shared/gtrain/sl/jobs/job-1/node-0/launch.sh

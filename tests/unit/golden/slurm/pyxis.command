@@ -1,0 +1,1 @@
+srun '--container-image=nvcr.io#nvidia/pytorch:25.01-py3' --container-mounts=/shared/gtrain/sl/workdir:/shared/gtrain/sl/workdir,/shared/gtrain/sl/jobs/job-1:/shared/gtrain/sl/jobs/job-1,/fsx:/data:ro --container-workdir=/shared/gtrain/sl/workdir bash /shared/gtrain/sl/jobs/job-1/node.sh
