@@ -103,8 +103,9 @@ class KubernetesBackend(JobBackend):
 
         rep = report or SILENT
         made: list[Any] = []
+        sec = ko.secret(plan.request, self.namespace, plan.info["k8s_name"])
         try:
-            for obj in plan.private["objects"]:
+            for obj in ([sec] if sec else []) + plan.private["objects"]:
                 res = codecs.from_dict(obj)
                 call(self.client.create, f"create {obj['kind']} {obj['metadata']['name']}", self.namespace, res)
                 made.append(res)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from gtrain.providers.base import IntervalCost, NodeStatus, Plan, Provider
+from gtrain.providers.base import GCResult, IntervalCost, NodeStatus, Plan, Provider
 from gtrain.providers.kubernetes import objects as ko
 from gtrain.providers.kubernetes.api import call, edge, is_not_found
 from gtrain.providers.kubernetes.options import GPU_LABELS, KubernetesOptions, parse_options
@@ -27,11 +27,12 @@ if TYPE_CHECKING:
 
 #: what a launch does, checked at `up` (SelfSubjectAccessReview): (verb, group, resource)
 NEEDED = [("create", "batch", "jobs"), ("delete", "batch", "jobs"), ("list", "", "pods"), ("get", "", "pods/log"),
-          ("create", "", "services"), ("create", "", "configmaps")]
+          ("create", "", "services"), ("create", "", "configmaps"), ("create", "", "secrets")]
 
 
 class KubernetesProvider(Provider):
     name = "kubernetes"
+    gc_scope: ClassVar[str | None] = "namespace"
 
     def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
@@ -77,10 +78,35 @@ class KubernetesProvider(Provider):
         cluster.extra = extra
         with self._lock:
             self._clients[cluster.id] = c
+        self.anchor(cluster, opts, c)
         for k in range(spec.num_nodes):
             self.store.upsert_node(cluster.id, k, status="up", address=f"pod {k}",
                                    instance_id=f"kubernetes:{opts.namespace}/pod-{k}", meta={})
         self.report.info(f"kubernetes namespace {opts.namespace} recorded: each launch is an Indexed Job there")
+
+    def anchor(self, cluster: Cluster, opts: KubernetesOptions, c: Any) -> None:
+        """The cluster's own object in the namespace, holding no GPU: a labelled ConfigMap naming the cluster.
+        Recorded in the ledger (so `up` is idempotent and `down` marks it deleted); `gc` finds those no live cluster
+        owns, with every object of theirs."""
+        from lightkube import codecs
+
+        name = ko.anchor_name(cluster.name, cluster.id)
+        if any(r.kind == "configmap" and r.ref == name for r in self.store.resources(cluster.id, live_only=True)):
+            return
+        rid = self.store.record_resource(cluster.id, "configmap", name, region=opts.namespace)
+        obj = {"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": name, "namespace": opts.namespace, "labels": ko.labels(cluster.id)},
+               "data": {"cluster": cluster.name, "cluster_id": cluster.id}}
+        try:
+            c.create(codecs.from_dict(obj))
+        except Exception as e:
+            from lightkube import ApiError
+
+            if not (isinstance(e, ApiError) and e.status.code == 409):
+                self.store.mark_resource(rid, "not-created")
+                with edge(f"create ConfigMap {name}", opts.namespace):
+                    raise
+        self.store.mark_resource(rid, "created")
 
     def check_cluster(self, spec: ClusterSpec, opts: KubernetesOptions, c: Any) -> tuple[str, str] | None:
         """The API answers, the namespace exists, RBAC allows a launch; the nodes that fit, said plainly.
@@ -160,12 +186,12 @@ class KubernetesProvider(Provider):
         """Delete the Jobs (foreground), pods, Services and ConfigMaps with these labels; wait until no pod is
         left."""
         from lightkube.resources.batch_v1 import Job
-        from lightkube.resources.core_v1 import ConfigMap, Pod, Service
+        from lightkube.resources.core_v1 import ConfigMap, Pod, Secret, Service
         from lightkube.types import CascadeType
 
         c = self.client(cluster)
         ns = (cluster.extra.get("kubernetes") or {}).get("namespace") or "default"
-        for kind in (Job, Pod, Service, ConfigMap):
+        for kind in (Job, Pod, Service, ConfigMap, Secret):
             with edge(f"list {kind.__name__}s labelled {selector}", ns):
                 found = list(c.list(kind, namespace=ns, labels=selector))
             for obj in found:
@@ -190,7 +216,19 @@ class KubernetesProvider(Provider):
             self.store.mark_resource(res.id, "deleted")
 
     def runners(self, cluster: Cluster) -> list[Runner]:
-        return []  # pods' disks are ephemeral: checkpoints leave through job.checkpoint_store (or a volume)
+        """Node K's runner execs in its running pod (pods/exec); pods' disks are ephemeral: checkpoints leave
+        through job.checkpoint_store (or a volume)."""
+        from gtrain.providers.kubernetes.podexec import PodRunner
+
+        return [PodRunner(self, cluster, n.rank) for n in self.store.nodes(cluster.id)]
+
+    def gc(self, regions: list[str] | None, live_cluster_ids: set[str], delete: bool,
+           **options: str | None) -> GCResult:
+        """Objects labelled gtrain.dev/cluster in ``regions`` (namespaces; default: those of clusters in state,
+        and ``default``) of the current kubeconfig context whose cluster is not live; deleted with ``delete``."""
+        from gtrain.providers.kubernetes.gc import sweep
+
+        return sweep(self, regions, live_cluster_ids, delete)
 
     def node_records(self, cluster: Cluster) -> list[NodeRecord]:
         return self.store.node_records(cluster.id)
