@@ -227,3 +227,74 @@ def test_api_errors_409_and_422_are_said_with_the_field(kube: FakeKube, tmp_path
         call(c.create, "create Job j", "default", codecs.from_dict(job))
     assert "spec.completions: Required value" in e.value.message and "422 Invalid" in e.value.message
     assert ("jobs", "default", "j") not in kube.objects
+
+
+def test_exec_runs_in_the_pods_and_secrets_stay_in_a_secret(kube: FakeKube, tmp_path: Path) -> None:
+    """`gtrain exec` runs in each pod over pods/exec (the websocket channels); job.secrets reach the ranks from a
+    Secret (secretKeyRef) and no other stored object holds the value, plain or base64."""
+    import base64
+    import io
+    import tarfile
+
+    secret = "s3cr3t-" + os.urandom(6).hex()
+    path = spec(tmp_path, "k8s-exec", "slurm_train.py --steps 600 --step-s 0.1")
+    doc = yaml.safe_load(Path(path).read_text())
+    doc["job"]["secrets"] = ["K8S_TEST_TOKEN"]
+    Path(path).write_text(yaml.safe_dump(doc))
+    os.environ["K8S_TEST_TOKEN"] = secret
+    try:
+        assert cli(kube, tmp_path, "up", path).returncode == 0
+        res = cli(kube, tmp_path, "launch", path)
+        assert res.returncode == 0, res.stdout + res.stderr
+    finally:
+        del os.environ["K8S_TEST_TOKEN"]
+    wait_for(lambda: running_pods(kube))
+    ex = cli(kube, tmp_path, "exec", "k8s-exec", "--", 'echo "host=$(hostname) rank=$GTRAIN_NODE_RANK '
+             'tok=${K8S_TEST_TOKEN:0:7}"; cat /gtrain/node-$GTRAIN_NODE_RANK/command >/dev/null && exit 3')
+    out = ex.stdout + ex.stderr
+    assert ex.returncode == 3, out  # the command's own exit code, from the error channel's Status
+    name = kube.select("jobs")[0]["metadata"]["name"]
+    for k in range(2):
+        assert f"host={name}-{k} rank={k} tok=s3cr3t-" in out, out
+    one = cli(kube, tmp_path, "exec", "k8s-exec", "--node", "1", "--", "cat >/dev/null; echo ok")
+    assert one.returncode == 0 and "ok" in one.stdout, one.stdout + one.stderr
+
+    sec = kube.select("secrets")
+    assert [s["metadata"]["name"] for s in sec] == [name]
+    assert base64.b64decode(sec[0]["data"]["K8S_TEST_TOKEN"]).decode() == secret
+    marks = (secret, base64.b64encode(secret.encode()).decode())
+    with kube.lock:
+        others = {k: o for k, o in kube.objects.items() if k[0] != "secrets"}
+        text = yaml.safe_dump(others)
+    assert not any(m in text for m in marks)
+    cm = next(o for (p, _, _), o in others.items() if p == "configmaps" and "bundle.tgz" in (o.get("binaryData") or {}))
+    with tarfile.open(fileobj=io.BytesIO(base64.b64decode(cm["binaryData"]["bundle.tgz"]))) as tar:
+        for m in tar.getmembers():
+            f = tar.extractfile(m)
+            assert f is None or secret.encode() not in f.read(), m.name
+    env = kube.select("jobs")[0]["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "K8S_TEST_TOKEN", "valueFrom": {"secretKeyRef": {"name": name, "key": "K8S_TEST_TOKEN"}}} in env
+    assert cli(kube, tmp_path, "down", "k8s-exec", "--yes").returncode == 0
+    assert kube.labelled("gtrain.dev/cluster") == []
+
+
+def test_gc_finds_objects_no_live_cluster_owns(kube: FakeKube, tmp_path: Path) -> None:
+    path = spec(tmp_path, "k8s-gc", "slurm_train.py --steps 600 --step-s 0.1")
+    assert cli(kube, tmp_path, "up", path).returncode == 0
+    assert cli(kube, tmp_path, "launch", path).returncode == 0
+    wait_for(lambda: running_pods(kube))
+    listed = cli(kube, tmp_path, "gc", "--provider", "kubernetes", "--json")
+    assert listed.returncode == 0 and yaml.safe_load(listed.stdout)["orphans"] == [], listed.stdout + listed.stderr
+    home = Path(os.environ["GTRAIN_HOME"])
+    shutil.rmtree(home / "state.db", ignore_errors=True)
+    for f in home.glob("state.db*"):
+        f.unlink()  # local state is gone: the cluster's objects are orphans now
+    found = cli(kube, tmp_path, "gc", "--provider", "kubernetes", "--json")
+    doc = yaml.safe_load(found.stdout)
+    kinds = sorted({o["kind"] for o in doc["orphans"]})
+    assert kinds == ["ConfigMap", "Job", "Pod", "Service"] and len(doc["clusters"]) == 1, found.stdout
+    assert kube.labelled("gtrain.dev/cluster")  # listing deleted nothing
+    procs = [r.proc for r in kube.runs.values()]
+    swept = cli(kube, tmp_path, "gc", "--provider", "kubernetes", "--yes", "--json")
+    assert swept.returncode == 0 and yaml.safe_load(swept.stdout)["deleted"] is True, swept.stdout + swept.stderr
+    assert kube.labelled("gtrain.dev/cluster") == [] and all(p.poll() is not None for p in procs)

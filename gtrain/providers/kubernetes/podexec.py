@@ -76,10 +76,10 @@ class PodRunner(Runner):
 
     def _exec(self, cmd: str, stdin: bytes | None, stdout: BinaryIO, stderr: BinaryIO,
               timeout: float | None) -> int:
-        pod = self.pod()
+        pod = self.pod()  # stdin b"": the command reads end-of-file, as over ssh without input
         with edge(f"exec in pod {pod}", self.namespace):
             got = self.provider.client(self.cluster).exec(
-                pod, namespace=self.namespace, command=["bash", "-c", cmd], stdin=stdin, stdout=stdout,
+                pod, namespace=self.namespace, command=["bash", "-c", cmd], stdin=stdin or b"", stdout=stdout,
                 stderr=stderr, decode=None, timeout=timeout)
         return int(got.exit_code)
 
