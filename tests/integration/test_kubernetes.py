@@ -34,11 +34,12 @@ def kube() -> Iterator[FakeKube]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def cli(kube: FakeKube, tmp: Path, *args: str, timeout: float = 300,
-        token: str | None = None) -> subprocess.CompletedProcess[str]:
+def cli(kube: FakeKube, tmp: Path, *args: str, timeout: float = 300, token: str | None = None,
+        cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     cfg = kube.kubeconfig(tmp / "kubeconfig", token)
     return subprocess.run([sys.executable, "-m", "gtrain", *args], capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL, env={**os.environ, "KUBECONFIG": str(cfg)})
+                          stdin=subprocess.DEVNULL, env={**os.environ, "KUBECONFIG": str(cfg),
+                                                         "PYTHONPATH": str(Path(__file__).parents[2])}, cwd=cwd)
 
 
 def spec(tmp: Path, name: str, run: str, gpus: int = 8, **kube: Any) -> str:
@@ -55,10 +56,14 @@ def spec(tmp: Path, name: str, run: str, gpus: int = 8, **kube: Any) -> str:
 
 
 def test_run_two_pods_four_ranks(kube: FakeKube, tmp_path: Path) -> None:
+    here = tmp_path / "cwd"
+    here.mkdir()
     res = cli(kube, tmp_path, "run", spec(tmp_path, "k8s-run", "slurm_train.py --steps 3"), "--no-report",
-              "--to", str(tmp_path / "pulled"))
+              cwd=here)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-4000:]
+    assert list(here.iterdir()) == [], "run without --to made a folder though the pods' disks are gone"
+    assert "nothing to pull" in out and "total: $0.0000" in out and "could not" not in out, out[-3000:]
     for r in range(4):  # every rank's lines, from the pods' logs
         assert f"slurm rank {r}/4" in out, out[-4000:]
         assert f"slurm rank {r} step 3 sum 10.0" in out, out[-4000:]
@@ -201,7 +206,9 @@ def test_dry_run_prints_the_objects_and_a_big_workdir_is_refused(kube: FakeKube,
     assert all(o["metadata"]["labels"]["gtrain.dev/cluster"].startswith("k8s-dry-") for o in docs)
     name = job["metadata"]["name"]
     assert f"--rdzv_endpoint='{name}-0.{name}:" in res.stdout  # pod 0's stable name, through the Service
-    assert [m for m, _ in kube.requests if m == "POST"] == ["POST"] * 6  # up's access reviews; nothing created
+    posted = [p for m, p in kube.requests if m == "POST"]
+    assert len(posted) == 8 and all(p.endswith("/selfsubjectaccessreviews") for p in posted[:7])  # + the anchor
+    assert [o["kind"] for o in kube.objects.values()] == ["ConfigMap"]  # up made its anchor, nothing holding GPUs
     (tmp_path / "work" / "blob.bin").write_bytes(os.urandom(800 * 1024))
     big = cli(kube, tmp_path, "launch", path, "--dry-run")
     assert big.returncode == 2 and "job.workdir" in big.stderr and "700 KiB" in big.stderr, big.stderr

@@ -3,8 +3,8 @@
 ``up`` checks access and capacity and creates nothing that holds GPUs: the API answers, the namespace exists,
 RBAC allows what a launch does (SelfSubjectAccessReview), how many nodes carry the GPU label with enough
 allocatable GPUs. Jobs run through :class:`~gtrain.providers.kubernetes.backend.KubernetesBackend`. ``down``
-deletes every object labelled with the cluster id. The cost is each pod slot's time up (from `up` to `down`) x GPUs x
-``kubernetes.price_per_gpu_hour``.
+deletes every object labelled with the cluster id. The cost is each node's pods' running time (startTime to
+finishedAt, read before they are deleted) x GPUs x ``kubernetes.price_per_gpu_hour``.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ NEEDED = [("create", "batch", "jobs"), ("delete", "batch", "jobs"), ("list", "",
 class KubernetesProvider(Provider):
     name = "kubernetes"
     gc_scope: ClassVar[str | None] = "namespace"
+    node_disks_outlive_jobs: ClassVar[bool] = False  # a pod's emptyDir ends with it: checkpoints go to the store
 
     def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
@@ -62,7 +63,7 @@ class KubernetesProvider(Provider):
             max_hours=spec.policies.max_hours,
             notes=["creates nothing at `up`: each launch is an Indexed Job of "
                    f"{spec.num_nodes} pod(s) with a headless Service and a ConfigMap (`launch --dry-run` prints them)",
-                   f"charged ${rate}/GPU-hour x GPUs per pod slot, `up` to `down` (kubernetes.price_per_gpu_hour"
+                   f"charged ${rate}/GPU-hour x GPUs for each pod's running time (kubernetes.price_per_gpu_hour"
                    + (", CoreWeave's list price" if opts.profile == "coreweave" and opts.price_per_gpu_hour is None
                       else "") + ")"])
 
@@ -194,6 +195,8 @@ class KubernetesProvider(Provider):
         for kind in (Job, Pod, Service, ConfigMap, Secret):
             with edge(f"list {kind.__name__}s labelled {selector}", ns):
                 found = list(c.list(kind, namespace=ns, labels=selector))
+            if kind is Pod:
+                self.record_pod_time(cluster, [p.to_dict() for p in found])
             for obj in found:
                 try:
                     c.delete(kind, obj.metadata.name, namespace=ns, cascade=CascadeType.FOREGROUND,
@@ -208,6 +211,30 @@ class KubernetesProvider(Provider):
                 if not list(c.list(Pod, namespace=ns, labels=selector)):
                     return
             time.sleep(0.2)
+
+    def record_pod_time(self, cluster: Cluster, pods: list[dict[str, Any]]) -> None:
+        """Add each pod's running time (startTime to its container's finishedAt, or now) to its node's total
+        in the cluster's state, before the pods are deleted: what the cost report charges."""
+        from gtrain.providers.kubernetes.states import index_of, running_seconds
+
+        if not pods:
+            return
+        fresh = self.store.get_cluster_by_id(cluster.id)
+        extra = dict(fresh.extra if fresh is not None else cluster.extra)
+        info = dict(extra.get("kubernetes") or {})
+        seen = set(info.get("pods_billed") or [])
+        total = {int(k): float(v) for k, v in (info.get("pod_seconds") or {}).items()}
+        for p in pods:
+            uid = str((p.get("metadata") or {}).get("uid") or p["metadata"]["name"])
+            k = index_of(p)
+            if uid in seen or k < 0:
+                continue
+            seen.add(uid)
+            total[k] = total.get(k, 0.0) + running_seconds(p, time.time())
+        info.update(pod_seconds={str(k): v for k, v in total.items()}, pods_billed=sorted(seen)[-500:])
+        extra["kubernetes"] = info
+        self.store.update_cluster(cluster.id, extra=extra)
+        cluster.extra = extra
 
     def terminate(self, cluster: Cluster) -> None:
         if cluster.extra.get("kubernetes"):
@@ -248,8 +275,11 @@ class KubernetesProvider(Provider):
         gpus = r.gpus_per_node if res.get("accelerators") else 0
         opts = KubernetesOptions.model_validate(cluster.spec.get("kubernetes") or {})
         rate = opts.rate(r.gpu_name)
-        seconds = max(0.0, (interval.stopped_at or time.time()) - interval.started_at)  # this pod slot's
+        fresh = self.store.get_cluster_by_id(cluster.id)
+        ran = ((fresh or cluster).extra.get("kubernetes") or {}).get("pod_seconds") or {}
+        slot = max(0.0, (interval.stopped_at or time.time()) - interval.started_at)
+        seconds = min(slot, float(ran.get(str(interval.node_rank), 0.0)))  # its pods' running time, in the slot
         gpu_h = seconds * gpus / 3600
         return IntervalCost(round(gpu_h * rate, 6), estimate=True,
-                            note=f"{seconds / 3600:.4f} hour(s) up x {gpus} GPU(s) = {gpu_h:.4f} GPU-hour(s) x "
-                                 f"${rate}/GPU-hour")
+                            note=f"pods ran {seconds / 3600:.4f} hour(s) x {gpus} GPU(s) = {gpu_h:.4f} GPU-hour(s) "
+                                 f"x ${rate}/GPU-hour")
