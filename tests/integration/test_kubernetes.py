@@ -305,3 +305,19 @@ def test_gc_finds_objects_no_live_cluster_owns(kube: FakeKube, tmp_path: Path) -
     swept = cli(kube, tmp_path, "gc", "--provider", "kubernetes", "--yes", "--json")
     assert swept.returncode == 0 and yaml.safe_load(swept.stdout)["deleted"] is True, swept.stdout + swept.stderr
     assert kube.labelled("gtrain.dev/cluster") == [] and all(p.poll() is not None for p in procs)
+
+
+def test_launch_wait_honours_the_pending_timeout(kube: FakeKube, tmp_path: Path) -> None:
+    big = spec(tmp_path, "k8s-pto", "slurm_train.py --steps 1", gpus=16, pending_timeout_s=4)
+    assert cli(kube, tmp_path, "up", big).returncode == 0
+    t0 = time.monotonic()
+    res = cli(kube, tmp_path, "launch", big, "--wait", timeout=120)
+    out = res.stdout + res.stderr
+    assert res.returncode == 1, out
+    assert "Unschedulable: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu" in out, out
+    assert "still Pending after 4s (kubernetes.pending_timeout_s)" in out, out
+    assert time.monotonic() - t0 < 60
+    assert kube.select("jobs") == [] and kube.select("pods") == [] and kube.select("services") == []
+    assert "failed" in cli(kube, tmp_path, "status", "k8s-pto").stdout
+    assert cli(kube, tmp_path, "down", "k8s-pto", "--yes").returncode == 0
+    assert kube.labelled("gtrain.dev/cluster") == []

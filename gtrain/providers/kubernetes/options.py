@@ -86,6 +86,10 @@ class KubernetesOptions(BaseModel):
     service_account: str | None = Field(None, description="the pods' serviceAccountName")
     image_pull_secrets: list[str] = Field(default_factory=list, description="Secrets of the namespace to pull "
                                                                              "job.image with")
+    pending_timeout_s: float | None = Field(None, gt=0, description="a launch whose pods are still Pending this "
+                                            "many seconds after it was created (unschedulable, not admitted by "
+                                            "Kueue, an image not pulled) is cancelled and fails with the "
+                                            "scheduler's reason (default: wait as long as it takes)")
     price_per_gpu_hour: float | None = Field(None, ge=0, description="$ per GPU-hour of pod running time, for the "
                                              "cost report (default 0; the coreweave profile: its list price)")
 
