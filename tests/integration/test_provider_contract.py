@@ -26,7 +26,8 @@ from gtrain.providers.base import Plan, Provider
 from gtrain.spec import ClusterSpec, parse_spec
 from gtrain.state import Cluster, StateStore
 
-PROVIDERS = ["local", "ssh", "aws", "gcp", "fake", "kubernetes"]  # fake: tests/fake_provider.py, plugged in from outside
+# fake: tests/fake_provider.py, plugged in from outside; kubernetes: tests/fixtures/fake_kube.py
+PROVIDERS = ["local", "ssh", "aws", "gcp", "fake", "kubernetes"]
 AWS_REGION = "us-east-1"
 GCP_REGION = "us-central1"
 SSH_CIDR = "198.51.100.7/32"  # a documentation address: the clouds' fakes never see a rule open to the world
