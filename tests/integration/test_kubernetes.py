@@ -169,13 +169,16 @@ def test_pending_reasons_unschedulable_and_kueue(kube: FakeKube, tmp_path: Path)
 
 @pytest.mark.parametrize(("case", "field"), [
     ("token", "kubernetes.context"), ("namespace", "kubernetes.namespace"), ("rbac", "create jobs"),
-    ("image", "job.image"), ("shm", "kubernetes.shm_gb")])
+    ("image", "job.image"), ("shm", "kubernetes.shm_gb"), ("store", "job.checkpoint_store")])
 def test_up_refuses_with_exit_2_and_creates_nothing(kube: FakeKube, tmp_path: Path, case: str, field: str) -> None:
     path = spec(tmp_path, "k8s-bad", "slurm_train.py", **({"namespace": "nope"} if case == "namespace" else
                                                           {"shm_gb": -1} if case == "shm" else {}))
-    if case == "image":
+    if case in ("image", "store"):
         doc = yaml.safe_load(Path(path).read_text())
-        del doc["job"]["image"]
+        if case == "image":
+            del doc["job"]["image"]
+        else:
+            doc["job"]["checkpoint_store"] = "s3://bucket/runs"
         Path(path).write_text(yaml.safe_dump(doc))
     if case == "rbac":
         kube.denied.add(("create", "jobs"))

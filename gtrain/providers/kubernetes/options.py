@@ -166,6 +166,11 @@ def parse_options(spec: ClusterSpec) -> KubernetesOptions:
     if spec.job is not None and not spec.job.image:
         raise ConfigError("job.image: provider kubernetes runs every pod from a container image, none is given",
                           hint="e.g. job.image: nvcr.io/nvidia/pytorch:25.01-py3", field="job.image")
+    if spec.job is not None and spec.job.checkpoint_store:
+        raise ConfigError("job.checkpoint_store: not supported on provider kubernetes yet (gtrain's checkpoint "
+                          "uploader reaches nodes before the submit; pods exist only after it)",
+                          hint="mount a kubernetes.volumes claim under the workdir for checkpoints, or remove "
+                               "job.checkpoint_store", field="job.checkpoint_store")
     if spec.job is not None and spec.job.data:
         raise ConfigError("job.data: not supported on provider kubernetes yet",
                           hint="mount the data as a kubernetes.volumes claim", field="job.data")
