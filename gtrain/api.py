@@ -185,6 +185,12 @@ def pull(cluster: str, *, job_id: str | None = None, to: str | os.PathLike[str] 
                     raise
                 ctx.report.warn(f"{e.message if isinstance(e, StoreHasNoCheckpoint) else f'the store: {e.message}'}"
                                 "; pulling what the nodes hold instead")
+        if not ctx.provider(c.provider).node_disks_outlive_jobs and (job is None or _ended(job.status)):
+            from gtrain.sync.pull import PullResult  # nothing is left on the nodes: no folder is made
+
+            ctx.report.warn(f"nothing to pull: the disks of provider {c.provider}'s nodes ended with the job "
+                            "(checkpoints leave through job.checkpoint_store)")
+            return PullResult("", [])  # dest "": nothing was pulled, no folder was made
         picked = range(len(runners)) if node is None else [node]
         ctx.report.info(f"pulling {ckpt}/ from {'every node' if node is None else f'node {node}'} to {dest}")
         res = pull_dir([(i, runners[i], f"{runners[i].root}/workdir/{ckpt}") for i in picked], dest,
@@ -196,6 +202,15 @@ def pull(cluster: str, *, job_id: str | None = None, to: str | os.PathLike[str] 
         return res
     finally:
         ctx.store.close()
+
+
+def _ended(status: str) -> bool:
+    from gtrain.jobs.backend import JobState
+
+    try:
+        return JobState(status).terminal
+    except ValueError:
+        return False
 
 
 def down(cluster: str, *, yes: bool = False, report: Reporter | None = None, html_report: bool = False) -> DownResult:
@@ -365,7 +380,8 @@ def run(spec: Any, *, name: str | None = None, keep: bool = False, to: str | os.
     if html_report and res.job_id:  # next to the pulled checkpoints (`gtrain run` writes it unless --no-report)
         ctx = _ctx(rep)
         try:
-            res.report = _html_report(ctx, parsed.name, res.job_id, Path(res.pulled.dest) if res.pulled else None)
+            pulled_to = Path(res.pulled.dest) if res.pulled and res.pulled.dest else None
+            res.report = _html_report(ctx, parsed.name, res.job_id, pulled_to)
         finally:
             ctx.store.close()
     return res

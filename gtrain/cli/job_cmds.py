@@ -250,7 +250,7 @@ def run(
     if json_:
         out.emit_json(res.to_dict())
     else:
-        if res.pulled:
+        if res.pulled and res.pulled.dest:
             out.say(f"checkpoints: {len(res.pulled.transferred)} file(s) pulled and verified -> "
                                 f"{res.pulled.dest}")
         from gtrain.checkpoints.recovery import summary_line

@@ -103,6 +103,8 @@ class Provider(ABC):
     nodes_enforce_limits: ClassVar[bool] = False
     #: it rents what it makes by the hour: `up` and `run` show the plan's price and ask before making it
     confirms_cost: ClassVar[bool] = False
+    #: a node's files outlive its job (False: pods, whose disks end with the job -- pull reads only the store)
+    node_disks_outlive_jobs: ClassVar[bool] = True
     #: `gtrain gc` can sweep this provider; the word for what ``--region`` names there ("region", "zone")
     gc_scope: ClassVar[str | None] = None
     #: it can swap one node for a new machine of the same rank (``launch --replace-bad``): :meth:`replace_nodes`

@@ -137,6 +137,15 @@ def _tb_dir(cluster: Cluster, runner: Runner) -> str | None:
     return rel if rel.startswith("/") else f"{runner.root}/workdir/{rel}"
 
 
+def _ended(status: str) -> bool:
+    from gtrain.jobs.backend import JobState
+
+    try:
+        return JobState(status).terminal
+    except ValueError:
+        return False
+
+
 def fetch_files(ctx: Context, cluster: Cluster, job: Job, dest: Path | None = None) -> ArchiveResult:
     """Bring the job's metric, telemetry and TensorBoard files into its archive folder; only what is new since
     the last call moves (the files are append-only). Unreachable nodes are warnings."""
@@ -146,6 +155,8 @@ def fetch_files(ctx: Context, cluster: Cluster, job: Job, dest: Path | None = No
     dest = dest or job_dir(ctx.store.home, cluster.id, job.id)
     res = ArchiveResult(dest)
     runners = ctx.runners(cluster)
+    if not ctx.provider(cluster.provider).node_disks_outlive_jobs and _ended(job.status):
+        runners = []  # pods: their files ended with the job (what the job put in the store stays there)
 
     def one(item: tuple[int, Runner]) -> tuple[int, int, list[str]]:
         node, r = item

@@ -34,11 +34,12 @@ def kube() -> Iterator[FakeKube]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def cli(kube: FakeKube, tmp: Path, *args: str, timeout: float = 300,
-        token: str | None = None) -> subprocess.CompletedProcess[str]:
+def cli(kube: FakeKube, tmp: Path, *args: str, timeout: float = 300, token: str | None = None,
+        cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     cfg = kube.kubeconfig(tmp / "kubeconfig", token)
     return subprocess.run([sys.executable, "-m", "gtrain", *args], capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL, env={**os.environ, "KUBECONFIG": str(cfg)})
+                          stdin=subprocess.DEVNULL, env={**os.environ, "KUBECONFIG": str(cfg),
+                                                         "PYTHONPATH": str(Path(__file__).parents[2])}, cwd=cwd)
 
 
 def spec(tmp: Path, name: str, run: str, gpus: int = 8, **kube: Any) -> str:
@@ -55,10 +56,14 @@ def spec(tmp: Path, name: str, run: str, gpus: int = 8, **kube: Any) -> str:
 
 
 def test_run_two_pods_four_ranks(kube: FakeKube, tmp_path: Path) -> None:
+    here = tmp_path / "cwd"
+    here.mkdir()
     res = cli(kube, tmp_path, "run", spec(tmp_path, "k8s-run", "slurm_train.py --steps 3"), "--no-report",
-              "--to", str(tmp_path / "pulled"))
+              cwd=here)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-4000:]
+    assert list(here.iterdir()) == [], "run without --to made a folder though the pods' disks are gone"
+    assert "nothing to pull" in out and "total: $0.0000" in out and "could not" not in out, out[-3000:]
     for r in range(4):  # every rank's lines, from the pods' logs
         assert f"slurm rank {r}/4" in out, out[-4000:]
         assert f"slurm rank {r} step 3 sum 10.0" in out, out[-4000:]
@@ -164,13 +169,16 @@ def test_pending_reasons_unschedulable_and_kueue(kube: FakeKube, tmp_path: Path)
 
 @pytest.mark.parametrize(("case", "field"), [
     ("token", "kubernetes.context"), ("namespace", "kubernetes.namespace"), ("rbac", "create jobs"),
-    ("image", "job.image"), ("shm", "kubernetes.shm_gb")])
+    ("image", "job.image"), ("shm", "kubernetes.shm_gb"), ("store", "job.checkpoint_store")])
 def test_up_refuses_with_exit_2_and_creates_nothing(kube: FakeKube, tmp_path: Path, case: str, field: str) -> None:
     path = spec(tmp_path, "k8s-bad", "slurm_train.py", **({"namespace": "nope"} if case == "namespace" else
                                                           {"shm_gb": -1} if case == "shm" else {}))
-    if case == "image":
+    if case in ("image", "store"):
         doc = yaml.safe_load(Path(path).read_text())
-        del doc["job"]["image"]
+        if case == "image":
+            del doc["job"]["image"]
+        else:
+            doc["job"]["checkpoint_store"] = "s3://bucket/runs"
         Path(path).write_text(yaml.safe_dump(doc))
     if case == "rbac":
         kube.denied.add(("create", "jobs"))
@@ -201,7 +209,9 @@ def test_dry_run_prints_the_objects_and_a_big_workdir_is_refused(kube: FakeKube,
     assert all(o["metadata"]["labels"]["gtrain.dev/cluster"].startswith("k8s-dry-") for o in docs)
     name = job["metadata"]["name"]
     assert f"--rdzv_endpoint='{name}-0.{name}:" in res.stdout  # pod 0's stable name, through the Service
-    assert [m for m, _ in kube.requests if m == "POST"] == ["POST"] * 6  # up's access reviews; nothing created
+    posted = [p for m, p in kube.requests if m == "POST"]
+    assert len(posted) == 8 and all(p.endswith("/selfsubjectaccessreviews") for p in posted[:7])  # + the anchor
+    assert [o["kind"] for o in kube.objects.values()] == ["ConfigMap"]  # up made its anchor, nothing holding GPUs
     (tmp_path / "work" / "blob.bin").write_bytes(os.urandom(800 * 1024))
     big = cli(kube, tmp_path, "launch", path, "--dry-run")
     assert big.returncode == 2 and "job.workdir" in big.stderr and "700 KiB" in big.stderr, big.stderr
@@ -227,3 +237,90 @@ def test_api_errors_409_and_422_are_said_with_the_field(kube: FakeKube, tmp_path
         call(c.create, "create Job j", "default", codecs.from_dict(job))
     assert "spec.completions: Required value" in e.value.message and "422 Invalid" in e.value.message
     assert ("jobs", "default", "j") not in kube.objects
+
+
+def test_exec_runs_in_the_pods_and_secrets_stay_in_a_secret(kube: FakeKube, tmp_path: Path) -> None:
+    """`gtrain exec` runs in each pod over pods/exec (the websocket channels); job.secrets reach the ranks from a
+    Secret (secretKeyRef) and no other stored object holds the value, plain or base64."""
+    import base64
+    import io
+    import tarfile
+
+    secret = "s3cr3t-" + os.urandom(6).hex()
+    path = spec(tmp_path, "k8s-exec", "slurm_train.py --steps 600 --step-s 0.1")
+    doc = yaml.safe_load(Path(path).read_text())
+    doc["job"]["secrets"] = ["K8S_TEST_TOKEN"]
+    Path(path).write_text(yaml.safe_dump(doc))
+    os.environ["K8S_TEST_TOKEN"] = secret
+    try:
+        assert cli(kube, tmp_path, "up", path).returncode == 0
+        res = cli(kube, tmp_path, "launch", path)
+        assert res.returncode == 0, res.stdout + res.stderr
+    finally:
+        del os.environ["K8S_TEST_TOKEN"]
+    wait_for(lambda: running_pods(kube))
+    ex = cli(kube, tmp_path, "exec", "k8s-exec", "--", 'echo "host=$(hostname) rank=$GTRAIN_NODE_RANK '
+             'tok=${K8S_TEST_TOKEN:0:7}"; cat /gtrain/node-$GTRAIN_NODE_RANK/command >/dev/null && exit 3')
+    out = ex.stdout + ex.stderr
+    assert ex.returncode == 3, out  # the command's own exit code, from the error channel's Status
+    name = kube.select("jobs")[0]["metadata"]["name"]
+    for k in range(2):
+        assert f"host={name}-{k} rank={k} tok=s3cr3t-" in out, out
+    one = cli(kube, tmp_path, "exec", "k8s-exec", "--node", "1", "--", "cat >/dev/null; echo ok")
+    assert one.returncode == 0 and "ok" in one.stdout, one.stdout + one.stderr
+
+    sec = kube.select("secrets")
+    assert [s["metadata"]["name"] for s in sec] == [name]
+    assert base64.b64decode(sec[0]["data"]["K8S_TEST_TOKEN"]).decode() == secret
+    marks = (secret, base64.b64encode(secret.encode()).decode())
+    with kube.lock:
+        others = {k: o for k, o in kube.objects.items() if k[0] != "secrets"}
+        text = yaml.safe_dump(others)
+    assert not any(m in text for m in marks)
+    cm = next(o for (p, _, _), o in others.items() if p == "configmaps" and "bundle.tgz" in (o.get("binaryData") or {}))
+    with tarfile.open(fileobj=io.BytesIO(base64.b64decode(cm["binaryData"]["bundle.tgz"]))) as tar:
+        for m in tar.getmembers():
+            f = tar.extractfile(m)
+            assert f is None or secret.encode() not in f.read(), m.name
+    env = kube.select("jobs")[0]["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "K8S_TEST_TOKEN", "valueFrom": {"secretKeyRef": {"name": name, "key": "K8S_TEST_TOKEN"}}} in env
+    assert cli(kube, tmp_path, "down", "k8s-exec", "--yes").returncode == 0
+    assert kube.labelled("gtrain.dev/cluster") == []
+
+
+def test_gc_finds_objects_no_live_cluster_owns(kube: FakeKube, tmp_path: Path) -> None:
+    path = spec(tmp_path, "k8s-gc", "slurm_train.py --steps 600 --step-s 0.1")
+    assert cli(kube, tmp_path, "up", path).returncode == 0
+    assert cli(kube, tmp_path, "launch", path).returncode == 0
+    wait_for(lambda: running_pods(kube))
+    listed = cli(kube, tmp_path, "gc", "--provider", "kubernetes", "--json")
+    assert listed.returncode == 0 and yaml.safe_load(listed.stdout)["orphans"] == [], listed.stdout + listed.stderr
+    home = Path(os.environ["GTRAIN_HOME"])
+    shutil.rmtree(home / "state.db", ignore_errors=True)
+    for f in home.glob("state.db*"):
+        f.unlink()  # local state is gone: the cluster's objects are orphans now
+    found = cli(kube, tmp_path, "gc", "--provider", "kubernetes", "--json")
+    doc = yaml.safe_load(found.stdout)
+    kinds = sorted({o["kind"] for o in doc["orphans"]})
+    assert kinds == ["ConfigMap", "Job", "Pod", "Service"] and len(doc["clusters"]) == 1, found.stdout
+    assert kube.labelled("gtrain.dev/cluster")  # listing deleted nothing
+    procs = [r.proc for r in kube.runs.values()]
+    swept = cli(kube, tmp_path, "gc", "--provider", "kubernetes", "--yes", "--json")
+    assert swept.returncode == 0 and yaml.safe_load(swept.stdout)["deleted"] is True, swept.stdout + swept.stderr
+    assert kube.labelled("gtrain.dev/cluster") == [] and all(p.poll() is not None for p in procs)
+
+
+def test_launch_wait_honours_the_pending_timeout(kube: FakeKube, tmp_path: Path) -> None:
+    big = spec(tmp_path, "k8s-pto", "slurm_train.py --steps 1", gpus=16, pending_timeout_s=4)
+    assert cli(kube, tmp_path, "up", big).returncode == 0
+    t0 = time.monotonic()
+    res = cli(kube, tmp_path, "launch", big, "--wait", timeout=120)
+    out = res.stdout + res.stderr
+    assert res.returncode == 1, out
+    assert "Unschedulable: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu" in out, out
+    assert "still Pending after 4s (kubernetes.pending_timeout_s)" in out, out
+    assert time.monotonic() - t0 < 60
+    assert kube.select("jobs") == [] and kube.select("pods") == [] and kube.select("services") == []
+    assert "failed" in cli(kube, tmp_path, "status", "k8s-pto").stdout
+    assert cli(kube, tmp_path, "down", "k8s-pto", "--yes").returncode == 0
+    assert kube.labelled("gtrain.dev/cluster") == []

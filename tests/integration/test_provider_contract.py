@@ -26,7 +26,8 @@ from gtrain.providers.base import Plan, Provider
 from gtrain.spec import ClusterSpec, parse_spec
 from gtrain.state import Cluster, StateStore
 
-PROVIDERS = ["local", "ssh", "aws", "gcp", "fake"]  # fake: tests/fake_provider.py, plugged in from outside
+# fake: tests/fake_provider.py, plugged in from outside; kubernetes: tests/fixtures/fake_kube.py
+PROVIDERS = ["local", "ssh", "aws", "gcp", "fake", "kubernetes"]
 AWS_REGION = "us-east-1"
 GCP_REGION = "us-central1"
 SSH_CIDR = "198.51.100.7/32"  # a documentation address: the clouds' fakes never see a rule open to the world
@@ -171,6 +172,23 @@ def fake_harness(cloud: Path) -> Harness:
     return Harness("fake", spec, leftovers, inventory)
 
 
+def kubernetes_harness(kube: Any) -> Harness:
+    def spec(name: str, n: int) -> ClusterSpec:
+        return parse_spec({"name": name, "provider": "kubernetes", "num_nodes": n, "kubernetes": {"shm_gb": 0}})
+
+    def leftovers(name: str) -> list[str]:
+        ids = {cid[:63] for cid in cluster_ids(name)}
+        with kube.lock:
+            return sorted(f"{p}/{n}" for (p, _, n), o in kube.objects.items()
+                          if (o["metadata"].get("labels") or {}).get("gtrain.dev/cluster") in ids)
+
+    def inventory() -> set[str]:
+        with kube.lock:
+            return {f"{p}/{ns}/{n}" for p, ns, n in kube.objects}
+
+    return Harness("kubernetes", spec, leftovers, inventory)
+
+
 @pytest.fixture(params=PROVIDERS)
 def harness(request: pytest.FixtureRequest, gtrain_home: Path, tmp_path: Path) -> Iterator[Harness]:
     name = request.param
@@ -190,6 +208,16 @@ def harness(request: pytest.FixtureRequest, gtrain_home: Path, tmp_path: Path) -
     elif name == "aws":
         request.getfixturevalue("moto_server")
         yield aws_harness()
+    elif name == "kubernetes":
+        from tests.fixtures.fake_kube import FakeKube
+
+        kube = FakeKube(tmp_path / "kube").start()
+        mp = request.getfixturevalue("monkeypatch")
+        mp.setenv("KUBECONFIG", str(kube.kubeconfig(tmp_path / "kubeconfig")))
+        try:
+            yield kubernetes_harness(kube)
+        finally:
+            kube.stop()
     else:
         yield gcp_harness(request.getfixturevalue("fake_gce"))
 

@@ -103,8 +103,9 @@ class KubernetesBackend(JobBackend):
 
         rep = report or SILENT
         made: list[Any] = []
+        sec = ko.secret(plan.request, self.namespace, plan.info["k8s_name"])
         try:
-            for obj in plan.private["objects"]:
+            for obj in ([sec] if sec else []) + plan.private["objects"]:
                 res = codecs.from_dict(obj)
                 call(self.client.create, f"create {obj['kind']} {obj['metadata']['name']}", self.namespace, res)
                 made.append(res)
@@ -118,7 +119,8 @@ class KubernetesBackend(JobBackend):
             raise
         store = self.provider.store
         store.update_job(plan.job_id, status=JobState.PENDING.value,
-                         info={**store.get_job(plan.job_id).info, "k8s_name": plan.info["k8s_name"]})
+                         info={**store.get_job(plan.job_id).info, "k8s_name": plan.info["k8s_name"],
+                               "submitted_at": time.time()})
         rep.info(f"job {plan.job_id} created as Indexed Job {self.namespace}/{plan.info['k8s_name']} "
                  f"({plan.info['bundle_bytes'] // 1024} KiB bundle)")
         return plan.job_id
@@ -167,12 +169,35 @@ class KubernetesBackend(JobBackend):
             statuses = [s if s.state.terminal else NodeJobStatus(s.node, JobState.CANCELLED, CANCEL_EXIT, "deleted")
                         for s in statuses]
         state, code = aggregate(statuses)
+        if job.info.get("pending_timeout"):  # cancelled by the pending timeout: a failure, with the reason
+            return JobDescription(job.id, JobState.FAILED, 1, [s for s in statuses if nodes is None or s.node in nodes],
+                                  str(job.info["pending_timeout"]))
         if any(s.state is JobState.PREEMPTED for s in statuses) and state is not JobState.SUCCEEDED:
             state, code = JobState.PREEMPTED, None
         reason = failed or next((f"pod {s.node}: {s.detail}" for s in statuses if s.state is JobState.PENDING
                                  or s.state is JobState.PREEMPTED or s.detail.startswith("OOMKilled")), "")
         picked = [s for s in statuses if nodes is None or s.node in nodes]
         return JobDescription(job.id, state, code, picked, reason)
+
+    def _pending_too_long(self, job: JobRecord, detail: str) -> bool:
+        """Past kubernetes.pending_timeout_s since the submit and still Pending: record why, cancel the job (its
+        pods hold no GPU and never will), True."""
+        from gtrain.providers.kubernetes.options import KubernetesOptions
+
+        fresh = self.provider.store.get_job(job.id)
+        if fresh.info.get("pending_timeout"):
+            return True
+        opts = KubernetesOptions.model_validate(self.cluster.spec.get("kubernetes") or {})
+        since = float(fresh.info.get("submitted_at") or time.time())
+        limit = opts.pending_timeout_s
+        if limit is None or time.time() - since < limit:
+            return False
+        why = (f"still Pending after {limit:g}s (kubernetes.pending_timeout_s): {detail}; the job was cancelled, "
+               "nothing of it is left")
+        self.provider.store.update_job(job.id, status=JobState.FAILED.value, exit_code=1,
+                                       info={**fresh.info, "pending_timeout": why})
+        self.cancel(fresh, grace_s=0)
+        return True
 
     def _ranks_of(self, pod: str, nproc: int) -> list[Any]:
         from gtrain.providers.kubernetes.states import rank_exits
@@ -220,6 +245,12 @@ class KubernetesBackend(JobBackend):
             if st is not None and st.state is JobState.PENDING and st.detail != said:
                 said = st.detail
                 yield LogLine(node, None, f"[gtrain] pod {node} is Pending ({st.detail})")
+            if st is not None and st.state is JobState.PENDING and self._pending_too_long(job, st.detail):
+                job = self.provider.store.get_job(job.id)
+                why = str(job.info["pending_timeout"])
+                yield LogLine(node, None, f"[gtrain] {why}")
+                yield NodeEnded(node, JobState.FAILED, why, why if node == 0 else None)
+                return
             if st is None or st.state.terminal:
                 if pod is not None and phase in (None, "Pending", "Running"):
                     continue  # ended while streaming: read what the pod wrote last

@@ -65,6 +65,12 @@ def k8s_name(job_id: str, cluster: str) -> str:
     return f"{cluster[:30].rstrip('-')}-{tail}".lower()
 
 
+def anchor_name(cluster: str, cluster_id: str) -> str:
+    """The cluster's own ConfigMap (made at `up`): ``gtrain-<name>-<id tail>``, a DNS-1123 name."""
+    tail = "".join(ch for ch in cluster_id.lower() if ch.isalnum())[-8:]
+    return f"gtrain-{cluster.lower()[:40].strip('-.')}-{tail}"
+
+
 def pod_host(name: str, k: int) -> str:
     """Pod K's stable name, resolvable in the namespace through the headless Service."""
     return f"{name}-{k}.{name}"
@@ -122,6 +128,7 @@ def objects(request: JobRequest, opts: KubernetesOptions, name: str, master_port
     if gpus:
         limits[opts.gpu_resource] = str(gpus)
     env = [{"name": "GTRAIN_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+    env += [{"name": s, "valueFrom": {"secretKeyRef": {"name": name, "key": s}}} for s in job.secrets]  # no values
     security: dict[str, Any] = {}
     if opts.use_rdma():
         from gtrain.providers.kubernetes.options import RDMA_ENV, RDMA_RESOURCE
@@ -171,6 +178,24 @@ def objects(request: JobRequest, opts: KubernetesOptions, name: str, master_port
                      "suspend": bool(opts.queue),
                      "template": {"metadata": {"labels": lab}, "spec": pod}}}
     return [cm, svc, kjob]
+
+
+def secret(request: JobRequest, namespace: str, name: str) -> dict[str, Any] | None:
+    """The job's Secret (job.secrets' values from this machine's environment), created at submit only: the
+    values never reach the Job, its pods' specs, the ConfigMap, `launch --dry-run` or state."""
+    import os
+
+    job = request.spec.job
+    assert job is not None
+    if not job.secrets:
+        return None
+    missing = [s for s in job.secrets if s not in os.environ]
+    if missing:
+        raise ConfigError(f"job.secrets: {', '.join(missing)} not set in this environment", field="job.secrets",
+                          hint="export it before `gtrain launch`, or drop it from job.secrets")
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels(request.cluster.id, request.job_id)},
+            "stringData": {s: os.environ[s] for s in job.secrets}}
 
 
 def dump_yaml(objs: list[dict[str, Any]]) -> str:

@@ -86,6 +86,10 @@ class KubernetesOptions(BaseModel):
     service_account: str | None = Field(None, description="the pods' serviceAccountName")
     image_pull_secrets: list[str] = Field(default_factory=list, description="Secrets of the namespace to pull "
                                                                              "job.image with")
+    pending_timeout_s: float | None = Field(None, gt=0, description="a launch whose pods are still Pending this "
+                                            "many seconds after it was created (unschedulable, not admitted by "
+                                            "Kueue, an image not pulled) is cancelled and fails with the "
+                                            "scheduler's reason (default: wait as long as it takes)")
     price_per_gpu_hour: float | None = Field(None, ge=0, description="$ per GPU-hour of pod running time, for the "
                                              "cost report (default 0; the coreweave profile: its list price)")
 
@@ -162,6 +166,11 @@ def parse_options(spec: ClusterSpec) -> KubernetesOptions:
     if spec.job is not None and not spec.job.image:
         raise ConfigError("job.image: provider kubernetes runs every pod from a container image, none is given",
                           hint="e.g. job.image: nvcr.io/nvidia/pytorch:25.01-py3", field="job.image")
+    if spec.job is not None and spec.job.checkpoint_store:
+        raise ConfigError("job.checkpoint_store: not supported on provider kubernetes yet (gtrain's checkpoint "
+                          "uploader reaches nodes before the submit; pods exist only after it)",
+                          hint="mount a kubernetes.volumes claim under the workdir for checkpoints, or remove "
+                               "job.checkpoint_store", field="job.checkpoint_store")
     if spec.job is not None and spec.job.data:
         raise ConfigError("job.data: not supported on provider kubernetes yet",
                           hint="mount the data as a kubernetes.volumes claim", field="job.data")

@@ -3,17 +3,17 @@
 ``up`` checks access and capacity and creates nothing that holds GPUs: the API answers, the namespace exists,
 RBAC allows what a launch does (SelfSubjectAccessReview), how many nodes carry the GPU label with enough
 allocatable GPUs. Jobs run through :class:`~gtrain.providers.kubernetes.backend.KubernetesBackend`. ``down``
-deletes every object labelled with the cluster id. The cost is each pod slot's time up (from `up` to `down`) x GPUs x
-``kubernetes.price_per_gpu_hour``.
+deletes every object labelled with the cluster id. The cost is each node's pods' running time (startTime to
+finishedAt, read before they are deleted) x GPUs x ``kubernetes.price_per_gpu_hour``.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from gtrain.providers.base import IntervalCost, NodeStatus, Plan, Provider
+from gtrain.providers.base import GCResult, IntervalCost, NodeStatus, Plan, Provider
 from gtrain.providers.kubernetes import objects as ko
 from gtrain.providers.kubernetes.api import call, edge, is_not_found
 from gtrain.providers.kubernetes.options import GPU_LABELS, KubernetesOptions, parse_options
@@ -27,11 +27,13 @@ if TYPE_CHECKING:
 
 #: what a launch does, checked at `up` (SelfSubjectAccessReview): (verb, group, resource)
 NEEDED = [("create", "batch", "jobs"), ("delete", "batch", "jobs"), ("list", "", "pods"), ("get", "", "pods/log"),
-          ("create", "", "services"), ("create", "", "configmaps")]
+          ("create", "", "services"), ("create", "", "configmaps"), ("create", "", "secrets")]
 
 
 class KubernetesProvider(Provider):
     name = "kubernetes"
+    gc_scope: ClassVar[str | None] = "namespace"
+    node_disks_outlive_jobs: ClassVar[bool] = False  # a pod's emptyDir ends with it: checkpoints go to the store
 
     def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
@@ -61,7 +63,7 @@ class KubernetesProvider(Provider):
             max_hours=spec.policies.max_hours,
             notes=["creates nothing at `up`: each launch is an Indexed Job of "
                    f"{spec.num_nodes} pod(s) with a headless Service and a ConfigMap (`launch --dry-run` prints them)",
-                   f"charged ${rate}/GPU-hour x GPUs per pod slot, `up` to `down` (kubernetes.price_per_gpu_hour"
+                   f"charged ${rate}/GPU-hour x GPUs for each pod's running time (kubernetes.price_per_gpu_hour"
                    + (", CoreWeave's list price" if opts.profile == "coreweave" and opts.price_per_gpu_hour is None
                       else "") + ")"])
 
@@ -77,10 +79,35 @@ class KubernetesProvider(Provider):
         cluster.extra = extra
         with self._lock:
             self._clients[cluster.id] = c
+        self.anchor(cluster, opts, c)
         for k in range(spec.num_nodes):
             self.store.upsert_node(cluster.id, k, status="up", address=f"pod {k}",
                                    instance_id=f"kubernetes:{opts.namespace}/pod-{k}", meta={})
         self.report.info(f"kubernetes namespace {opts.namespace} recorded: each launch is an Indexed Job there")
+
+    def anchor(self, cluster: Cluster, opts: KubernetesOptions, c: Any) -> None:
+        """The cluster's own object in the namespace, holding no GPU: a labelled ConfigMap naming the cluster.
+        Recorded in the ledger (so `up` is idempotent and `down` marks it deleted); `gc` finds those no live cluster
+        owns, with every object of theirs."""
+        from lightkube import codecs
+
+        name = ko.anchor_name(cluster.name, cluster.id)
+        if any(r.kind == "configmap" and r.ref == name for r in self.store.resources(cluster.id, live_only=True)):
+            return
+        rid = self.store.record_resource(cluster.id, "configmap", name, region=opts.namespace)
+        obj = {"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": name, "namespace": opts.namespace, "labels": ko.labels(cluster.id)},
+               "data": {"cluster": cluster.name, "cluster_id": cluster.id}}
+        try:
+            c.create(codecs.from_dict(obj))
+        except Exception as e:
+            from lightkube import ApiError
+
+            if not (isinstance(e, ApiError) and e.status.code == 409):
+                self.store.mark_resource(rid, "not-created")
+                with edge(f"create ConfigMap {name}", opts.namespace):
+                    raise
+        self.store.mark_resource(rid, "created")
 
     def check_cluster(self, spec: ClusterSpec, opts: KubernetesOptions, c: Any) -> tuple[str, str] | None:
         """The API answers, the namespace exists, RBAC allows a launch; the nodes that fit, said plainly.
@@ -160,14 +187,16 @@ class KubernetesProvider(Provider):
         """Delete the Jobs (foreground), pods, Services and ConfigMaps with these labels; wait until no pod is
         left."""
         from lightkube.resources.batch_v1 import Job
-        from lightkube.resources.core_v1 import ConfigMap, Pod, Service
+        from lightkube.resources.core_v1 import ConfigMap, Pod, Secret, Service
         from lightkube.types import CascadeType
 
         c = self.client(cluster)
         ns = (cluster.extra.get("kubernetes") or {}).get("namespace") or "default"
-        for kind in (Job, Pod, Service, ConfigMap):
+        for kind in (Job, Pod, Service, ConfigMap, Secret):
             with edge(f"list {kind.__name__}s labelled {selector}", ns):
                 found = list(c.list(kind, namespace=ns, labels=selector))
+            if kind is Pod:
+                self.record_pod_time(cluster, [p.to_dict() for p in found])
             for obj in found:
                 try:
                     c.delete(kind, obj.metadata.name, namespace=ns, cascade=CascadeType.FOREGROUND,
@@ -183,6 +212,30 @@ class KubernetesProvider(Provider):
                     return
             time.sleep(0.2)
 
+    def record_pod_time(self, cluster: Cluster, pods: list[dict[str, Any]]) -> None:
+        """Add each pod's running time (startTime to its container's finishedAt, or now) to its node's total
+        in the cluster's state, before the pods are deleted: what the cost report charges."""
+        from gtrain.providers.kubernetes.states import index_of, running_seconds
+
+        if not pods:
+            return
+        fresh = self.store.get_cluster_by_id(cluster.id)
+        extra = dict(fresh.extra if fresh is not None else cluster.extra)
+        info = dict(extra.get("kubernetes") or {})
+        seen = set(info.get("pods_billed") or [])
+        total = {int(k): float(v) for k, v in (info.get("pod_seconds") or {}).items()}
+        for p in pods:
+            uid = str((p.get("metadata") or {}).get("uid") or p["metadata"]["name"])
+            k = index_of(p)
+            if uid in seen or k < 0:
+                continue
+            seen.add(uid)
+            total[k] = total.get(k, 0.0) + running_seconds(p, time.time())
+        info.update(pod_seconds={str(k): v for k, v in total.items()}, pods_billed=sorted(seen)[-500:])
+        extra["kubernetes"] = info
+        self.store.update_cluster(cluster.id, extra=extra)
+        cluster.extra = extra
+
     def terminate(self, cluster: Cluster) -> None:
         if cluster.extra.get("kubernetes"):
             self.delete_labelled(cluster, {ko.LABEL_CLUSTER: cluster.id[:63]})
@@ -190,7 +243,19 @@ class KubernetesProvider(Provider):
             self.store.mark_resource(res.id, "deleted")
 
     def runners(self, cluster: Cluster) -> list[Runner]:
-        return []  # pods' disks are ephemeral: checkpoints leave through job.checkpoint_store (or a volume)
+        """Node K's runner execs in its running pod (pods/exec); pods' disks are ephemeral: checkpoints leave
+        through job.checkpoint_store (or a volume)."""
+        from gtrain.providers.kubernetes.podexec import PodRunner
+
+        return [PodRunner(self, cluster, n.rank) for n in self.store.nodes(cluster.id)]
+
+    def gc(self, regions: list[str] | None, live_cluster_ids: set[str], delete: bool,
+           **options: str | None) -> GCResult:
+        """Objects labelled gtrain.dev/cluster in ``regions`` (namespaces; default: those of clusters in state,
+        and ``default``) of the current kubeconfig context whose cluster is not live; deleted with ``delete``."""
+        from gtrain.providers.kubernetes.gc import sweep
+
+        return sweep(self, regions, live_cluster_ids, delete)
 
     def node_records(self, cluster: Cluster) -> list[NodeRecord]:
         return self.store.node_records(cluster.id)
@@ -210,8 +275,11 @@ class KubernetesProvider(Provider):
         gpus = r.gpus_per_node if res.get("accelerators") else 0
         opts = KubernetesOptions.model_validate(cluster.spec.get("kubernetes") or {})
         rate = opts.rate(r.gpu_name)
-        seconds = max(0.0, (interval.stopped_at or time.time()) - interval.started_at)  # this pod slot's
+        fresh = self.store.get_cluster_by_id(cluster.id)
+        ran = ((fresh or cluster).extra.get("kubernetes") or {}).get("pod_seconds") or {}
+        slot = max(0.0, (interval.stopped_at or time.time()) - interval.started_at)
+        seconds = min(slot, float(ran.get(str(interval.node_rank), 0.0)))  # its pods' running time, in the slot
         gpu_h = seconds * gpus / 3600
         return IntervalCost(round(gpu_h * rate, 6), estimate=True,
-                            note=f"{seconds / 3600:.4f} hour(s) up x {gpus} GPU(s) = {gpu_h:.4f} GPU-hour(s) x "
-                                 f"${rate}/GPU-hour")
+                            note=f"pods ran {seconds / 3600:.4f} hour(s) x {gpus} GPU(s) = {gpu_h:.4f} GPU-hour(s) "
+                                 f"x ${rate}/GPU-hour")

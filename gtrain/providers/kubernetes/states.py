@@ -84,3 +84,25 @@ def job_flags(job: dict[str, Any] | None) -> tuple[bool, str]:
     spec = job.get("spec") or {}
     failed = _cond(job, "Failed")
     return bool(spec.get("suspend")), (f"{failed.get('reason')}: {failed.get('message')}" if failed else "")
+
+
+def _ts(text: str | None) -> float | None:
+    from datetime import datetime
+
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def running_seconds(pod: dict[str, Any], now: float) -> float:
+    """How long the pod's container ran: ``status.startTime`` to its ``finishedAt`` (still running: ``now``)."""
+    st = pod.get("status") or {}
+    start = _ts(st.get("startTime"))
+    if start is None:
+        return 0.0  # never started (Pending): nothing ran
+    cs = (st.get("containerStatuses") or [{}])[0]
+    end = _ts(((cs.get("state") or {}).get("terminated") or {}).get("finishedAt")) or now
+    return max(0.0, end - start)
