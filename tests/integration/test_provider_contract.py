@@ -2,9 +2,10 @@
 
 local (directories under GTRAIN_HOME), ssh (the session's real sshd hosts), aws (the session's moto server),
 gcp (the session's fake Compute Engine) and lambda (the session's fake Lambda Cloud API). Each provider gets a
-small :class:`Harness`: ``spec(name, num_nodes)`` builds a spec that backend accepts, ``leftovers(name)`` lists what the backend still holds for
-the cluster of that name, ``inventory()`` everything it holds at all. Nothing of gtrain's is mocked; every
-step goes through the public API (``gtrain.up/status/down/cost``) and ``gtrain.providers.get_provider``.
+small :class:`Harness`: ``spec(name, num_nodes)`` builds a spec that backend accepts, ``leftovers(name)`` lists
+what the backend still holds for the cluster of that name, ``inventory()`` everything it holds at all. Nothing
+of gtrain's is mocked; every step goes through the public API (``gtrain.up/status/down/cost``) and
+``gtrain.providers.get_provider``.
 """
 
 from __future__ import annotations
