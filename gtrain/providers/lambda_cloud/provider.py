@@ -76,10 +76,15 @@ class LambdaProvider(CloudProvider):
             raise ConfigError("resources.use_spot: Lambda Cloud has no spot instances (on-demand only)",
                               hint="set use_spot: false, or use a provider with spot capacity (aws, gcp)",
                               field="resources.use_spot")
+        if res.image_id:
+            raise ConfigError("resources.image_id: Lambda Cloud boots its own Lambda Stack image (Ubuntu, CUDA, "
+                              "PyTorch)", hint="leave resources.image_id out; use job.image for a container",
+                              field="resources.image_id")
         given = lt.check_regions(res)
         types, snap = self._types(offline_ok=True)
         t = lt.choose(types, res, given)
-        notes = [f"{t.name}: {t.description}, {t.vcpus} vCPUs, {t.memory_gib:g} GiB"]
+        notes = [f"{t.name}: {t.description}, {t.vcpus} vCPUs, {t.memory_gib:g} GiB (its local disk comes with "
+                 "the type: resources.disk_gb does not apply)"]
         if snap is not None:
             notes.append(f"OFFLINE: no Lambda API key or network; price from gtrain's bundled snapshot of "
                          f"{snap}, capacity unknown (set LAMBDA_API_KEY for the live list)")
