@@ -195,6 +195,10 @@ def test_gc_finds_an_orphan_by_name_and_status_imports_no_provider(fake_lambda: 
     assert r.returncode == 0 and "lam-orphan" in r.stdout, r.stderr[-2000:]
     assert "gtrain.providers.lambda_cloud" not in r.stderr and "urllib.request" not in r.stderr
     (gtrain_home / "state.db").unlink()  # local state lost: only the names say what is gtrain's
+    r = subprocess.run([sys.executable, "-m", "gtrain", "gc", "--provider", "lambda", "--json"], capture_output=True,
+                       text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    assert cid in json.loads(r.stdout)["clusters"], r.stdout
     store = StateStore()
     try:
         p = get_provider("lambda", store)
