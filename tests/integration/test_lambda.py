@@ -211,3 +211,27 @@ def test_gc_finds_an_orphan_by_name_and_status_imports_no_provider(fake_lambda: 
     finally:
         store.close()
     assert everything(fake_lambda) == before
+
+
+def test_replace_a_node_and_ride_out_the_rate_limit(fake_lambda: FakeLambda, gtrain_home: Path) -> None:
+    before = everything(fake_lambda)
+    fake_lambda.throttle, fake_lambda.throttled = 3, 0  # HTTP 429 three times: retried after Retry-After
+    res = gtrain.up(parse_spec(spec("lam-repl")))
+    assert res.cluster is not None and fake_lambda.throttled == 3
+    store = StateStore()
+    try:
+        p = get_provider("lambda", store)
+        cluster = store.get_cluster_by_id(res.cluster.id)
+        old = {n.rank: n.instance_id for n in p.node_records(cluster)}
+        p.replace_nodes(cluster, [1])
+        new = {n.rank: n.instance_id for n in p.node_records(cluster)}
+        assert new[0] == old[0] and new[1] != old[1]
+        assert [s.status for s in p.describe(cluster)] == ["running", "running"]
+        with fake_lambda.lock:
+            fake_lambda._tick()
+            assert old[1] not in fake_lambda.instances or fake_lambda.instances[old[1]]["status"] == "terminating"
+    finally:
+        store.close()
+        down = gtrain.down("lam-repl")
+    assert sorted(ln.node_rank for ln in down.cost.lines) == [0, 1, 1]  # rank 1's two machines, each billed
+    assert everything(fake_lambda) == before

@@ -120,7 +120,7 @@ class LambdaProvider(CloudProvider):
         existing: dict[int, dict[str, Any]] = {}
         for inst in self.teardown.instances(cluster.id):
             own = owner_of_instance(inst.get("name"))
-            if own and 0 <= own[1] < spec.num_nodes:
+            if own and 0 <= own[1] < spec.num_nodes and inst.get("status") != "terminating":
                 existing[own[1]] = inst
         if existing:
             pinned = str((next(iter(existing.values())).get("region") or {}).get("name") or "")
@@ -252,8 +252,9 @@ class LambdaProvider(CloudProvider):
 
     def describe(self, cluster: Cluster) -> list[NodeStatus]:
         out: list[NodeStatus] = []
+        live = {str(i.get("id")): i for i in self.api.instances()}  # one call (Lambda allows 1 request/s)
         for node in self.store.node_records(cluster.id):
-            inst = self.api.instance(node.instance_id or "") if node.instance_id else None
+            inst = live.get(node.instance_id or "")
             if inst is None:
                 out.append(NodeStatus(node.rank, "missing", node.address, f"{node.instance_id}: no such instance"))
                 continue
