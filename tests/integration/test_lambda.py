@@ -202,11 +202,15 @@ def test_gc_finds_an_orphan_by_name_and_status_imports_no_provider(fake_lambda: 
     store = StateStore()
     try:
         p = get_provider("lambda", store)
-        found = p.gc(None, set(), delete=False)
+        with fake_lambda.lock:  # another test's cluster in the session's fake is not this test's to sweep
+            others = {str(i["name"]).rsplit("-", 1)[0][len("gtrain-"):] for i in fake_lambda.instances.values()}
+            others |= {str(k["name"])[len("gtrain-"):] for k in fake_lambda.keys.values()}
+        others.discard(cid)
+        found = p.gc(None, others, delete=False)
         mine = sorted((o.kind, o.cluster_id) for o in found.orphans if o.cluster_id == cid)
         assert mine == [("instance", cid), ("instance", cid), ("ssh-key", cid)], found.orphans
         assert fake_lambda.of_cluster(cid)["instance"]  # listing deletes nothing
-        done = p.gc(None, set(), delete=True)
+        done = p.gc(None, others, delete=True)
         assert done.deleted and done.left == []
     finally:
         store.close()
