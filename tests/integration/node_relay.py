@@ -1,15 +1,16 @@
 """ProxyCommand for the cloud end-to-end tests: plays the part of a cloud instance's network and of its
 guest agent (cloud-init on EC2, the guest environment on GCE).
 
-    python node_relay.py aws|gcp DIR INSTANCE
+    python node_relay.py aws|gcp|lambda DIR INSTANCE
 
 ``DIR/hosts.json`` lists the sshd hosts (``{"hosts": [[addr, port], ...], "authorized_keys": path}``). The
 first time an instance is seen it is given the next free host (kept in ``DIR/map.json``; on AWS, when none is
 free, the hosts of terminated instances are given back: a replaced node's new instance gets one), and the public key
 the cloud would install is put in the hosts' authorized_keys: on AWS the instance's key pair (asked of EC2,
 i.e. moto), on GCP the instance's ``ssh-keys`` metadata (asked of the Compute Engine endpoint in
-CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE, i.e. the fake). Then bytes are relayed between stdin/stdout and that
-host's sshd.
+CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE, i.e. the fake), on Lambda the SSH key the instance at that IP was
+launched with (asked of the Lambda API in LAMBDA_API_URL, i.e. tests/fixtures/fake_lambda.py). Then bytes are
+relayed between stdin/stdout and that host's sshd.
 
 On AWS, a terminated instance is gone like a real one: a connection to it is refused, and its host is
 freed for the next new instance (the spot-interruption test re-provisions a node onto the host its
@@ -89,6 +90,19 @@ def gcp_public_keys(name: str) -> list[str]:
     return [" ".join(line.split(":", 1)[1].split()[:2]) for line in items.get("ssh-keys", "").splitlines() if line]
 
 
+def lambda_public_keys(ip: str) -> list[str]:
+    """The key of the instance at ``ip`` (%h), from Lambda's API (the fake in LAMBDA_API_URL), as Lambda installs it."""
+
+    def get(path: str) -> object:
+        req = urllib.request.Request(os.environ["LAMBDA_API_URL"] + path,
+                                     headers={"Authorization": f"Bearer {os.environ['LAMBDA_API_KEY']}"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.load(r)["data"]
+
+    inst = next(i for i in get("/instances") if i["ip"] == ip)  # type: ignore[attr-defined]
+    return [k["public_key"] for k in get("/ssh-keys") if k["name"] in inst["ssh_key_names"]]  # type: ignore[attr-defined]
+
+
 def assign(cloud: str, d: Path, iid: str) -> tuple[str, int]:
     conf = json.loads((d / "hosts.json").read_text())
     with open(d / "map.lock", "a+") as lk:
@@ -110,7 +124,8 @@ def assign(cloud: str, d: Path, iid: str) -> tuple[str, int]:
             if not free:
                 sys.exit(f"relay: no sshd host left for {iid}")
             ak = Path(conf["authorized_keys"])
-            for pub in (aws_public_keys if cloud == "aws" else gcp_public_keys)(iid):
+            keys_of = {"aws": aws_public_keys, "gcp": gcp_public_keys, "lambda": lambda_public_keys}[cloud]
+            for pub in keys_of(iid):
                 if pub not in ak.read_text():
                     with open(ak, "a") as f:
                         f.write(pub + "\n")
@@ -121,7 +136,7 @@ def assign(cloud: str, d: Path, iid: str) -> tuple[str, int]:
 
 def main() -> None:
     cloud, d, iid = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
-    if cloud not in ("aws", "gcp"):
+    if cloud not in ("aws", "gcp", "lambda"):
         sys.exit(f"relay: unknown cloud {cloud!r}")
     addr, port = assign(cloud, d, iid)
     s = socket.create_connection((addr, port), timeout=10)

@@ -1,6 +1,7 @@
 """The job-backend contract: ONE set of tests, run on every job backend that exists, on every provider that
 hands one out -- local (directories), ssh (the session's sshd hosts), aws (moto instances whose SSH is relayed
-to sshd hosts), gcp (the fake Compute Engine, relayed the same way) and ``fake`` (a provider that lives in a
+to sshd hosts), gcp (the fake Compute Engine, relayed the same way), lambda (the
+fake Lambda Cloud API, relayed the same way) and ``fake`` (a provider that lives in a
 test module and plugs in through the ``gtrain.providers`` entry point).
 
 Every step goes through the public seams: ``gtrain.up/launch/wait/down`` and the cluster's
@@ -29,7 +30,7 @@ from gtrain.state import Job as JobRecord
 
 JOBS = Path(__file__).parent / "jobs"
 RELAY = Path(__file__).parent / "node_relay.py"
-BACKENDS = ["local", "ssh", "aws", "gcp", "fake", "slurm", "kubernetes"]
+BACKENDS = ["local", "ssh", "aws", "gcp", "lambda", "fake", "slurm", "kubernetes"]
 
 
 def _job(work: Path) -> dict[str, Any]:
@@ -78,6 +79,10 @@ def spec_for(provider: str, request: pytest.FixtureRequest, tmp: Path, work: Pat
         request.getfixturevalue("moto_server")
         base["resources"] = {"accelerators": "T4:1", "region": "us-east-1", "disk_gb": 50}
         base["aws"] = {**section, "host_key_wait_s": 0}
+    elif provider == "lambda":  # tests/fixtures/fake_lambda.py; %h is the instance's IP, which the relay looks up
+        request.getfixturevalue("fake_lambda_server")
+        base["resources"] = {"accelerators": "A10:1", "region": "us-east-1"}
+        base["lambda"] = section
     else:
         fake = request.getfixturevalue("fake_gce_server")
         from tests.integration.node_relay import assign

@@ -1,10 +1,11 @@
 """The provider contract: ONE set of tests, run against every provider on its own backend.
 
-local (directories under GTRAIN_HOME), ssh (the session's real sshd hosts), aws (the session's moto server)
-and gcp (the session's fake Compute Engine). Each provider gets a small :class:`Harness`: ``spec(name,
-num_nodes)`` builds a spec that backend accepts, ``leftovers(name)`` lists what the backend still holds for
-the cluster of that name, ``inventory()`` everything it holds at all. Nothing of gtrain's is mocked; every
-step goes through the public API (``gtrain.up/status/down/cost``) and ``gtrain.providers.get_provider``.
+local (directories under GTRAIN_HOME), ssh (the session's real sshd hosts), aws (the session's moto server),
+gcp (the session's fake Compute Engine) and lambda (the session's fake Lambda Cloud API). Each provider gets a
+small :class:`Harness`: ``spec(name, num_nodes)`` builds a spec that backend accepts, ``leftovers(name)`` lists
+what the backend still holds for the cluster of that name, ``inventory()`` everything it holds at all. Nothing
+of gtrain's is mocked; every step goes through the public API (``gtrain.up/status/down/cost``) and
+``gtrain.providers.get_provider``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from gtrain.spec import ClusterSpec, parse_spec
 from gtrain.state import Cluster, StateStore
 
 # fake: tests/fake_provider.py, plugged in from outside; kubernetes: tests/fixtures/fake_kube.py
-PROVIDERS = ["local", "ssh", "aws", "gcp", "fake", "kubernetes"]
+PROVIDERS = ["local", "ssh", "aws", "gcp", "lambda", "fake", "kubernetes"]
 AWS_REGION = "us-east-1"
 GCP_REGION = "us-central1"
 SSH_CIDR = "198.51.100.7/32"  # a documentation address: the clouds' fakes never see a rule open to the world
@@ -157,6 +158,27 @@ def gcp_harness(fake: Any) -> Harness:
     return Harness("gcp", spec, leftovers, inventory)
 
 
+def lambda_harness(fake: Any) -> Harness:
+    def spec(name: str, n: int) -> ClusterSpec:
+        return parse_spec({"name": name, "provider": "lambda", "num_nodes": n,
+                           "resources": {"accelerators": "A10:1", "region": "us-east-1"},
+                           "lambda": {"wait_ssh": False, "poll_s": 0.05}})
+
+    def leftovers(name: str) -> list[str]:
+        ids = cluster_ids(name)
+        out: list[str] = []
+        for cid in ids:
+            owned = fake.of_cluster(cid)
+            out += [f"instance/{n}" for n in owned["instance"]] + [f"ssh-key/{n}" for n in owned["ssh-key"]]
+        return sorted(out)
+
+    def inventory() -> set[str]:
+        with fake.lock:
+            return {f"instance/{i}" for i in fake.instances} | {f"ssh-key/{k}" for k in fake.keys}
+
+    return Harness("lambda", spec, leftovers, inventory)
+
+
 def fake_harness(cloud: Path) -> Harness:
     from tests import fake_provider
 
@@ -218,6 +240,8 @@ def harness(request: pytest.FixtureRequest, gtrain_home: Path, tmp_path: Path) -
             yield kubernetes_harness(kube)
         finally:
             kube.stop()
+    elif name == "lambda":
+        yield lambda_harness(request.getfixturevalue("fake_lambda"))
     else:
         yield gcp_harness(request.getfixturevalue("fake_gce"))
 

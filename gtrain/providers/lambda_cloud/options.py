@@ -1,0 +1,46 @@
+"""The ``lambda:`` section of a spec: :class:`LambdaOptions` and :func:`lambda_options`, which validates it."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from gtrain.providers.cloud.options import CloudOptions
+
+__all__ = ["LambdaOptions", "lambda_options"]
+
+
+class LambdaOptions(CloudOptions):
+    """The ``lambda:`` section (ssh_proxy_command, wait_ssh, ssh_timeout_s, poll_s, idle_command: CloudOptions)."""
+
+    proxy_host: ClassVar[str] = "the instance's public IP"
+
+    ssh_user: str = Field("ubuntu", pattern=r"^[a-z_][a-z0-9_-]{0,31}$",
+                          description="the login of Lambda's image (ubuntu)")
+    file_system_names: list[str] = Field(default_factory=list, max_length=1,
+                                         description="a Lambda file system to attach (it must be in the region)")
+    boot_timeout_s: float = Field(1200, gt=0, description="how long an instance may take to become active")
+
+    @field_validator("ssh_cidr")
+    @classmethod
+    def _lambda_cidr(cls, v: str) -> str:
+        if v != "auto":
+            raise ValueError("Lambda Cloud's firewall rules are account-wide (cloud.lambda.ai/firewall); gtrain "
+                             "does not change them, so ssh_cidr cannot be set here: leave it out")
+        return v
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    lambda_: LambdaOptions = Field(default_factory=lambda: LambdaOptions(), alias="lambda")
+
+
+def lambda_options(section: dict[str, Any] | None) -> LambdaOptions:
+    """Validate the spec's ``lambda:`` section; a ConfigError names the field (``lambda.ssh_user``)."""
+    from gtrain.spec import translate_validation_error
+
+    try:
+        return _Section.model_validate({"lambda": section or {}}).lambda_
+    except ValidationError as e:
+        raise translate_validation_error(e, _Section) from None
