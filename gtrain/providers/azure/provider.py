@@ -176,9 +176,10 @@ class AzureProvider(CloudProvider):
               region: str, pub: str, ssh_cidr: str | None) -> dict[int, dict[str, Any]]:
         tags = {**opts.tags, api.TAG_CLUSTER: cluster.id, api.TAG_CLUSTER_NAME: cluster.name,
                 api.TAG_OWNER: owner(), api.TAG_CREATED: str(int(cluster.created_at))}
-        rid = self.ledger.record(cluster, "resource-group", group, region)
-        parts.make_group(group, region, tags)
-        self.ledger.mark(rid, "created")
+        if parts.group(group) is None:
+            rid = self.ledger.record(cluster, "resource-group", group, region)
+            parts.make_group(group, region, tags)
+            self.ledger.mark(rid, "created")
         subnet = parts.make_network(group, region, tags, opts, ssh_cidr)
         offer = self._offer(spec, region)
         body = NodeBody(location=region, size=offer.instance_type, spot=spec.resources.use_spot,
@@ -191,6 +192,9 @@ class AzureProvider(CloudProvider):
 
         def one(rank: int) -> dict[str, Any]:
             name = api.vm_name(cluster.id, rank)
+            if name in existing:  # a resumed `up`: the node is there, as it was
+                self.report.node(rank, f"{name} found in {region}")
+                return parts.addresses(group, name)
             vid = self.ledger.record(cluster, "vm", f"{group}/{name}", region, {"rank": rank})
             try:
                 out = parts.make_node(group, name, rank, body, subnet, opts, public)
@@ -198,7 +202,7 @@ class AzureProvider(CloudProvider):
                 self.ledger.mark(vid, "not-created")
                 raise
             self.ledger.mark(vid, "created")
-            self.report.node(rank, f"{name} {'found' if name in existing else 'created'} in {region}")
+            self.report.node(rank, f"{name} created in {region}")
             return out
 
         with ThreadPoolExecutor(min(self.max_workers, spec.num_nodes)) as pool:

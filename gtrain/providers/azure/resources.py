@@ -145,13 +145,17 @@ class AzureResources:
         self.arm.put(self._vm(group, name), V_COMPUTE, {"location": body.location, "tags": tags,
                                                        "properties": props},
                      f"virtualMachines.createOrUpdate {name} ({body.size}, {body.location})")
-        nic = self.arm.get(self._net(group, f"networkInterfaces/{name}-nic"), V_NETWORK) or nic
-        private_ip = nic["properties"]["ipConfigurations"][0]["properties"].get("privateIPAddress")
-        public_ip = None
-        if pip is not None:
-            pip = self.arm.get(self._net(group, f"publicIPAddresses/{name}-ip"), V_NETWORK) or pip
-            public_ip = pip["properties"].get("ipAddress")
-        return {"private_ip": private_ip, "public_ip": public_ip}
+        return self.addresses(group, name)
+
+    def addresses(self, group: str, name: str) -> dict[str, Any]:
+        """The node's private address (its NIC) and public one (its public IP, None without one)."""
+        nic = self.arm.get(self._net(group, f"networkInterfaces/{name}-nic"), V_NETWORK,
+                           f"networkInterfaces.get {name}-nic") or {}
+        cfg = ((nic.get("properties") or {}).get("ipConfigurations") or [{}])[0].get("properties") or {}
+        pip = self.arm.get(self._net(group, f"publicIPAddresses/{name}-ip"), V_NETWORK,
+                           f"publicIPAddresses.get {name}-ip") if cfg.get("publicIPAddress") else None
+        return {"private_ip": cfg.get("privateIPAddress"),
+                "public_ip": ((pip or {}).get("properties") or {}).get("ipAddress")}
 
     def delete_node(self, group: str, name: str) -> None:
         """The VM (its OS disk goes with it), then its NIC and public IP; each already gone is no error."""
