@@ -185,7 +185,8 @@ def test_failed_refresh_keeps_the_old_user_copy(env: str, gtrain_home: Path) -> 
     assert "HTTP 503" in r.stderr and "unchanged" in r.stderr and "Traceback" not in r.stderr
     for p in ("aws", "gcp"):  # aws downloaded fine, but nothing is written unless everything is
         assert (gtrain_home / "catalog" / f"{p}.csv").read_bytes() == old[p]
-    assert sorted(f.name for f in (gtrain_home / "catalog").iterdir()) == ["aws.csv", "azure.csv", "gcp.csv"]  # no temp files
+    # no temp files
+    assert sorted(f.name for f in (gtrain_home / "catalog").iterdir()) == ["aws.csv", "azure.csv", "gcp.csv"]
 
 
 def test_unreachable_price_list_is_exit_1_naming_the_url(env: str, gtrain_home: Path,

@@ -103,7 +103,7 @@ class AzureProvider(CloudProvider):
         first = lookup("azure", offer.instance_type, regions[0])[0]
         notes = [f"{first.instance_type}: {first.vcpus} vCPUs, {first.memory_gib:g} GiB, {first.gpu_count}x "
                  f"{first.gpu_name} {first.gpu_memory_gib:g} GB",
-                 f"one resource group per cluster (gtrain-<cluster id>); `down` deletes it whole"]
+                 "one resource group per cluster (gtrain-<cluster id>); `down` deletes it whole"]
         if res.use_spot:
             notes.append(f"Spot (evictionPolicy Delete, maxPrice -1: never above on-demand "
                          f"{first.price_ondemand:g} $/h); Azure may evict Spot VMs at any time")
