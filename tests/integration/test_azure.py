@@ -169,6 +169,11 @@ def test_gc_finds_an_orphaned_group_by_tag_and_deletes_it(fake_arm: FakeARM, gtr
     (gtrain_home / "state.db").unlink()  # state lost: only the tags know
     for extra in ("state.db-wal", "state.db-shm"):
         (gtrain_home / extra).unlink(missing_ok=True)
+    r = subprocess.run([sys.executable, "-m", "gtrain", "gc", "--provider", "azure", "--json"], capture_output=True,
+                       text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["clusters"] == [cid] and not doc["deleted"]
     store = StateStore()
     try:
         p = get_provider("azure", store)
