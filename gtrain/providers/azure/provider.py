@@ -144,16 +144,21 @@ class AzureProvider(CloudProvider):
             if not regional:
                 attempts.add(region, f"{offer.instance_type} not in the catalog here")
                 continue
+            made: list[str] = []
             try:
-                nodes = self._make(spec, cluster, opts, parts, group, region, pub, ssh_cidr)
+                nodes = self._make(spec, cluster, opts, parts, group, region, pub, ssh_cidr, made)
             except (CapacityError, QuotaError) as e:
+                if resumed:  # the nodes already there stay (a replacement found no capacity): undo only this call's
+                    self._undo_nodes(parts, cluster, group, made)
+                    raise
                 attempts.add(region, e)
                 self.report.warn(f"{region}: {e.message}; deleting resource group {group}, trying the next region")
                 self._undo(parts, cluster, group)
-                resumed = False
                 continue
             except BaseException:
-                if not resumed:
+                if resumed:
+                    self._undo_nodes(parts, cluster, group, made)
+                else:
                     self._undo(parts, cluster, group)
                     drop_key(cluster.id)
                 raise
@@ -173,7 +178,7 @@ class AzureProvider(CloudProvider):
                                     "failed region's resource group was deleted")
 
     def _make(self, spec: ClusterSpec, cluster: Cluster, opts: AzureOptions, parts: AzureResources, group: str,
-              region: str, pub: str, ssh_cidr: str | None) -> dict[int, dict[str, Any]]:
+              region: str, pub: str, ssh_cidr: str | None, made: list[str]) -> dict[int, dict[str, Any]]:
         tags = {**opts.tags, api.TAG_CLUSTER: cluster.id, api.TAG_CLUSTER_NAME: cluster.name,
                 api.TAG_OWNER: owner(), api.TAG_CREATED: str(int(cluster.created_at))}
         if parts.group(group) is None:
@@ -196,6 +201,7 @@ class AzureProvider(CloudProvider):
                 self.report.node(rank, f"{name} found in {region}")
                 return parts.addresses(group, name)
             vid = self.ledger.record(cluster, "vm", f"{group}/{name}", region, {"rank": rank})
+            made.append(name)
             try:
                 out = parts.make_node(group, name, rank, body, subnet, opts, public)
             except GtrainError:
@@ -227,6 +233,15 @@ class AzureProvider(CloudProvider):
         except GtrainError as e:
             self.report.warn(f"could not delete resource group {group} after the failed attempt: {e.message}; "
                              "`gtrain gc --provider azure --yes` finds it by tag")
+
+    def _undo_nodes(self, parts: AzureResources, cluster: Cluster, group: str, names: list[str]) -> None:
+        """Delete the nodes one call tried to make in a group that holds other nodes (best effort)."""
+        for name in names:
+            try:
+                parts.delete_node(group, name)
+                self.ledger.mark_live(cluster.id, "deleted", kind="vm", refs={f"{group}/{name}"})
+            except GtrainError as e:
+                self.report.warn(f"could not delete {name} after the failed attempt: {e.message}")
 
     def _record(self, spec: ClusterSpec, cluster: Cluster, plan: Plan, opts: AzureOptions, group: str,
                 region: str, nodes: dict[int, dict[str, Any]], offer: Offer) -> None:
