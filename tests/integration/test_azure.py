@@ -273,3 +273,19 @@ def test_a_replacement_without_capacity_keeps_the_other_nodes(fake_arm: FakeARM,
     fake_arm.fail_vms.clear()
     gtrain.down("az-repl")
     assert fake_arm.of_cluster(cid) == []
+
+
+def test_no_credentials_at_all_is_one_message(fake_arm: FakeARM, gtrain_home: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """No GTRAIN_AZURE_ACCESS_TOKEN: DefaultAzureCredential (or, without azure-identity, its absence) decides, and
+    finding nothing is one CredentialsError naming `az login`, with nothing created."""
+    for k in ("GTRAIN_AZURE_ACCESS_TOKEN", "AZURE_CLIENT_ID", "AZURE_TENANT_ID", "AZURE_CLIENT_SECRET",
+              "AZURE_FEDERATED_TOKEN_FILE", "IDENTITY_ENDPOINT", "MSI_ENDPOINT"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AZURE_CONFIG_DIR", str(gtrain_home / "no-az-cli"))
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    with pytest.raises(CredentialsError) as e:
+        gtrain.up(parse_spec(spec("az-nocred")))
+    assert "az login" in (e.value.hint or "") and "\n" not in e.value.message
+    with fake_arm.lock:
+        assert fake_arm.groups == {} and fake_arm.requests == []
