@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 __all__ = ["PROVIDERS", "CatalogSource", "Offer", "gpu_names", "lookup", "offers", "parse_accelerators", "regions",
            "resolve", "snapshot_date", "source"]
 
-PROVIDERS = ("aws", "gcp")
+PROVIDERS = ("aws", "gcp", "azure")
 _ACCEL_PATTERN = r"^\s*([A-Za-z0-9][A-Za-z0-9_-]*)\s*(?::\s*(\d+))?\s*$"
 #: the comment line that dates a catalog file: ``# snapshot: 2025-12`` (shipped) or ``2026-05-12`` (refreshed)
 SNAPSHOT_PREFIX = "# snapshot:"

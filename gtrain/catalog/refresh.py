@@ -47,7 +47,8 @@ AWS_URL = "https://pricing.us-east-1.amazonaws.com"
 AWS_REGION_INDEX = "/offers/v1.0/aws/AmazonEC2/current/region_index.json"
 GCP_URL = "https://cloudbilling.googleapis.com"
 GCP_COMPUTE_SERVICE = "6F81-5844-456A"  # Compute Engine in the Cloud Billing Catalog
-URL_ENV = {"aws": "GTRAIN_AWS_PRICING_URL", "gcp": "GTRAIN_GCP_BILLING_URL"}
+AZURE_URL = "https://prices.azure.com"  # the Azure Retail Prices API (public, no login)
+URL_ENV = {"aws": "GTRAIN_AWS_PRICING_URL", "gcp": "GTRAIN_GCP_BILLING_URL", "azure": "GTRAIN_AZURE_PRICES_URL"}
 KEY_ENV, TOKEN_ENV = "GTRAIN_GCP_API_KEY", "GTRAIN_GCP_ACCESS_TOKEN"
 TIMEOUT_S = 60.0
 MAX_PAGES = 500
@@ -106,6 +107,8 @@ def refresh(providers: Iterable[str] | None = None, *, today: str | None = None,
         t0 = time.perf_counter()
         if p == "aws":
             result, text = _refresh_aws(bases[p], day, timeout)
+        elif p == "azure":
+            result, text = _refresh_azure(bases[p], day, timeout)
         else:
             assert auth is not None
             result, text = _refresh_gcp(bases[p], auth, day, timeout)
@@ -118,7 +121,7 @@ def refresh(providers: Iterable[str] | None = None, *, today: str | None = None,
 
 def _base_url(provider: str) -> str:
     env = URL_ENV[provider]
-    url = os.environ.get(env) or (AWS_URL if provider == "aws" else GCP_URL)
+    url = os.environ.get(env) or {"aws": AWS_URL, "azure": AZURE_URL}.get(provider, GCP_URL)
     if not re.match(r"^https?://[^/\s]+", url):
         raise ConfigError(f"{env}: {url!r} is not an http(s) URL", hint=f"unset {env} to use the public price list",
                           field=env)
@@ -174,6 +177,34 @@ def _get_json(url: str, timeout: float, headers: dict[str, str] | None = None, w
 def _bad(provider: str, what: str) -> ProviderError:
     return ProviderError(f"catalog refresh: unexpected {provider} price list format: {what}",
                          hint="the catalog in use is unchanged; report this with the gtrain version")
+
+
+def _refresh_azure(base: str, day: str, timeout: float) -> tuple[RefreshResult, str]:
+    """Every size of gtrain.providers.azure.prices.SIZES, re-priced from the Retail Prices API (pages linked by
+    NextPageLink)."""
+    from urllib.parse import quote
+
+    from gtrain.providers.azure import prices
+
+    items: list[dict[str, Any]] = []
+    url: str | None = f"{base}/api/retail/prices?$filter={quote(prices.query_filter(prices.SIZES))}"
+    for _ in range(MAX_PAGES):
+        if not url:
+            break
+        with _open(url, timeout, what="azure") as r:
+            try:
+                page = json.load(r)
+            except ValueError:
+                raise _bad("azure", "a page is not JSON") from None
+        if not isinstance(page, dict) or not isinstance(page.get("Items"), list):
+            raise _bad("azure", "a page is not {'Items': [...]}")
+        items += page["Items"]
+        url = page.get("NextPageLink")
+    rows = prices.rows(items)
+    if not rows:
+        raise _bad("azure", "no Linux pay-as-you-go price for any GPU size gtrain lists")
+    return (RefreshResult("azure", str(override_path("azure")), day, len(rows), len(rows), [],
+                          source="the Azure Retail Prices API"), prices.render(rows, day))
 
 
 # ---------------------------------------------------------------------------------------------- shipped rows

@@ -12,8 +12,9 @@ KEY is the run's folder in the store (``<cluster>/<run-id>``; a job id for jobs 
 CKPT_DIR that are complete: ``<name>.done`` exists; a single file no process holds open (a completed write,
 copied to a snapshot first, so a file rewritten every second still goes up); a folder whose every file is
 closed and unchanged for ``GTRAIN_CHECKPOINT_SETTLE_S``, default 10 s) and the interruption-notice watcher (EC2 spot
-``/latest/meta-data/spot/instance-action`` over IMDSv2, GCE ``/computeMetadata/v1/instance/preempted``;
-endpoints ``GTRAIN_IMDS_ENDPOINT`` / ``GTRAIN_GCE_METADATA_ENDPOINT``): on a notice each rank process that
+``/latest/meta-data/spot/instance-action`` over IMDSv2, GCE ``/computeMetadata/v1/instance/preempted``, Azure's
+``Preempt`` scheduled event; endpoints ``GTRAIN_IMDS_ENDPOINT`` / ``GTRAIN_GCE_METADATA_ENDPOINT`` /
+``GTRAIN_AZURE_IMDS_ENDPOINT``): on a notice each rank process that
 handles SIGUSR1 gets one. SIGTERM (a cancel) makes it upload what is complete and exit. ``flush`` is the
 final pass after the launcher ended (RC 0: every closed file counts as complete).
 """
@@ -225,6 +226,23 @@ def gce_notice(base: str) -> str | None:
     return "GCE preemption" if code == 200 and body.strip().upper() == "TRUE" else None
 
 
+def azure_notice(base: str) -> str | None:
+    """An Azure Spot eviction: a ``Preempt`` scheduled event (IMDS /metadata/scheduledevents, header Metadata:
+    true; https://learn.microsoft.com/azure/virtual-machines/linux/scheduled-events) naming this VM, or None."""
+    code, body = _get(f"{base}/metadata/scheduledevents?api-version=2020-07-01", {"Metadata": "true"})
+    if code != 200:
+        return None
+    try:
+        events = [e for e in json.loads(body).get("Events") or [] if e.get("EventType") == "Preempt"]
+    except (ValueError, AttributeError):
+        return None
+    if not events:
+        return None
+    code, me = _get(f"{base}/metadata/instance/compute/name?api-version=2021-02-01&format=text", {"Metadata": "true"})
+    mine = [e for e in events if code != 200 or not e.get("Resources") or me.strip() in e["Resources"]]
+    return f"Azure Spot eviction (Preempt, not before {mine[0].get('NotBefore') or '?'})" if mine else None
+
+
 def rank_pids(job_id: str) -> list[int]:
     """This job's training processes (not the shells or torchrun's agent) that handle SIGUSR1."""
     out = []
@@ -252,6 +270,8 @@ def watch_notices(job_id: str, stop: threading.Event, poll_s: float = 5.0) -> No
         checks.append((aws_notice, base.rstrip("/")))
     if base := os.environ.get("GTRAIN_GCE_METADATA_ENDPOINT", "http://metadata.google.internal"):
         checks.append((gce_notice, base.rstrip("/")))
+    if base := os.environ.get("GTRAIN_AZURE_IMDS_ENDPOINT", os.environ.get("GTRAIN_IMDS_ENDPOINT", "http://169.254.169.254")):
+        checks.append((azure_notice, base.rstrip("/")))
     poll_s = float(os.environ.get("GTRAIN_NOTICE_POLL_S", poll_s))
     while checks and not stop.is_set():
         for check in list(checks):

@@ -57,7 +57,7 @@ def catalog(
                             help="Only this GPU model (exact name, e.g. A100, H100, L4)."),
     count: int = typer.Option(None, "--count", metavar="N", help="Only offers with this many GPUs per node."),
     provider: str = typer.Option(None, "--provider", metavar="NAME",
-                                 help="A provider the catalog covers: aws or gcp (default: all, side by side)."),
+                                 help="A provider the catalog covers: aws, gcp or azure (default: all, side by side)."),
     region: str = typer.Option(None, "--region", metavar="REGION", help="Only this region."),
     spot: bool = typer.Option(False, "--spot", help="Sort by the spot price."),
     limit: int = typer.Option(30, "--limit", metavar="N", help="Show at most this many rows (0: all)."),

@@ -17,6 +17,7 @@ REGISTRY: dict[str, str] = {
     "slurm": "gtrain.providers.slurm:SlurmProvider",
     "kubernetes": "gtrain.providers.kubernetes:KubernetesProvider",
     "lambda": "gtrain.providers.lambda_cloud:LambdaProvider",
+    "azure": "gtrain.providers.azure:AzureProvider",
 }
 
 #: names a spec may give that no registered provider serves yet, with what to say

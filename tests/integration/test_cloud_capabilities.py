@@ -35,7 +35,7 @@ def test_gc_refuses_a_provider_without_gc_scope(gtrain_home: Path) -> None:
     res = subprocess.run([sys.executable, "-m", "gtrain", "gc", "--provider", "ssh"], capture_output=True,
                          text=True, env=env, timeout=120, check=False)
     assert res.returncode == 2, res.stderr
-    assert "--provider ssh: gc knows aws and gcp" in res.stderr and "Traceback" not in res.stderr
+    assert "--provider ssh: gc knows aws and azure and gcp" in res.stderr and "Traceback" not in res.stderr
 
 
 @pytest.mark.usefixtures("moto_server")

@@ -30,7 +30,8 @@ from gtrain.state import Job as JobRecord
 
 JOBS = Path(__file__).parent / "jobs"
 RELAY = Path(__file__).parent / "node_relay.py"
-BACKENDS = ["local", "ssh", "aws", "gcp", "lambda", "fake", "slurm", "kubernetes"]
+AZURE_RELAY = Path(__file__).parent / "azure_relay.py"
+BACKENDS = ["local", "ssh", "aws", "gcp", "lambda", "azure", "fake", "slurm", "kubernetes"]
 
 
 def _job(work: Path) -> dict[str, Any]:
@@ -72,6 +73,16 @@ def spec_for(provider: str, request: pytest.FixtureRequest, tmp: Path, work: Pat
     hosts = request.getfixturevalue("ssh_hosts")
     relay = tmp / f"relay-{provider}"
     picked = _relay_hosts(hosts, relay)
+    if provider == "azure":  # the fake ARM (tests/fixtures/fake_arm.py), VMs relayed to the sshd hosts
+        from tests.fixtures.fake_arm import arm_env
+
+        fake_arm = request.getfixturevalue("fake_arm_server")
+        fake_arm.reset()
+        os.environ.update(arm_env(fake_arm))  # until the module's cluster is down (removed there)
+        base["resources"] = {"accelerators": "T4:1", "region": "eastus", "disk_gb": 64}
+        base["azure"] = {"ssh_user": picked[0].user, "ssh_proxy_command": f"{sys.executable} {AZURE_RELAY} {relay} %h",
+                         "ssh_timeout_s": 60, "poll_s": 0.2}
+        return base
     section = {"ssh_user": picked[0].user,
                "ssh_proxy_command": f"{sys.executable} {RELAY} {provider} {relay} %h",
                "ssh_timeout_s": 60, "poll_s": 0.2}
@@ -132,6 +143,11 @@ def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
             os.environ["GTRAIN_HOME"] = str(home)
             gtrain.down(spec["name"])
             sshmod.close_all()
+            if provider == "azure":
+                from tests.fixtures.fake_arm import arm_env
+
+                for k in arm_env(request.getfixturevalue("fake_arm_server")):
+                    os.environ.pop(k, None)
             if old is None:
                 os.environ.pop("GTRAIN_HOME", None)
             else:

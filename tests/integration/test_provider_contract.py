@@ -28,7 +28,7 @@ from gtrain.spec import ClusterSpec, parse_spec
 from gtrain.state import Cluster, StateStore
 
 # fake: tests/fake_provider.py, plugged in from outside; kubernetes: tests/fixtures/fake_kube.py
-PROVIDERS = ["local", "ssh", "aws", "gcp", "lambda", "fake", "kubernetes"]
+PROVIDERS = ["local", "ssh", "aws", "gcp", "lambda", "azure", "fake", "kubernetes"]
 AWS_REGION = "us-east-1"
 GCP_REGION = "us-central1"
 SSH_CIDR = "198.51.100.7/32"  # a documentation address: the clouds' fakes never see a rule open to the world
@@ -179,6 +179,31 @@ def lambda_harness(fake: Any) -> Harness:
     return Harness("lambda", spec, leftovers, inventory)
 
 
+def azure_harness(fake: Any) -> Harness:
+    """The fake Azure Resource Manager (tests/fixtures/fake_arm.py): every resource group and what is in it."""
+
+    def spec(name: str, n: int) -> ClusterSpec:
+        return parse_spec({"name": name, "provider": "azure", "num_nodes": n,
+                           "resources": {"accelerators": "T4:1", "region": "eastus", "disk_gb": 64},
+                           "azure": {"ssh_cidr": SSH_CIDR, "wait_ssh": False, "poll_s": 0.05}})
+
+    def leftovers(name: str) -> list[str]:
+        ids = cluster_ids(name)
+        with fake.lock:
+            mine = {k for k, g in fake.groups.items() if g["tags"].get("gtrain-cluster-name") == name
+                    or g["tags"].get("gtrain-cluster") in ids}
+            out = [f"group/{k}" for k in mine]
+            out += [f"{t}/{g}/{n}" for (g, t, n), r in fake.resources.items()
+                    if g in mine or r["tags"].get("gtrain-cluster") in ids]
+        return sorted(out)
+
+    def inventory() -> set[str]:
+        with fake.lock:
+            return {f"group/{k}" for k in fake.groups} | {"/".join(k) for k in fake.resources}
+
+    return Harness("azure", spec, leftovers, inventory)
+
+
 def fake_harness(cloud: Path) -> Harness:
     from tests import fake_provider
 
@@ -242,6 +267,8 @@ def harness(request: pytest.FixtureRequest, gtrain_home: Path, tmp_path: Path) -
             kube.stop()
     elif name == "lambda":
         yield lambda_harness(request.getfixturevalue("fake_lambda"))
+    elif name == "azure":
+        yield azure_harness(request.getfixturevalue("fake_arm"))
     else:
         yield gcp_harness(request.getfixturevalue("fake_gce"))
 

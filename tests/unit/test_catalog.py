@@ -164,7 +164,7 @@ def test_gcp_n1_price_is_vm_plus_gpus() -> None:
 
 def test_offers_filters_and_sorting() -> None:
     everything = catalog.offers()
-    assert {o.provider for o in everything} == {"aws", "gcp"}
+    assert {o.provider for o in everything} == {"aws", "gcp", "azure"}
     prices = [o.price_ondemand for o in everything]
     assert prices == sorted(prices)
     spot = catalog.offers("aws", spot=True)
@@ -178,11 +178,11 @@ def test_offers_filters_and_sorting() -> None:
     assert catalog.offers("aws", gpu="nope") == []
     assert catalog.gpu_names("aws") == sorted(["A100", "A100-80GB", "A10G", "H100", "H200", "L4", "L40S", "T4", "V100"])
     assert set(catalog.gpu_names("gcp")) == set(GCP_ACCEL)
-    assert set(catalog.gpu_names()) == GPU_NAMES
+    assert set(catalog.gpu_names()) == GPU_NAMES | {"H100-NVL"}  # azure's NC H100 v5
     assert catalog.regions("aws") == sorted(catalog.regions("aws"))
     with pytest.raises(ConfigError) as e:
-        catalog.offers("azure")
-    assert e.value.field == "resources.provider" and "azure" in e.value.message
+        catalog.offers("lambda-labs")
+    assert e.value.field == "resources.provider" and "lambda-labs" in e.value.message
 
 
 def test_lookup_and_offer() -> None:

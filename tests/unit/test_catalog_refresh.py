@@ -53,6 +53,12 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send(503, b'{"error": {"code": 503, "message": "The service is unavailable."}}',
                                   "application/json")
             return self._send(200, (FIXTURES / "gcp" / f"skus-page{page}.json").read_bytes(), "application/json")
+        if url.path == "/api/retail/prices":  # the Azure Retail Prices API: page 2 is the $skip link of page 1
+            page = 2 if "$skip=" in url.query or "%24skip=" in url.query else 1
+            body = (FIXTURES / "azure" / f"retail-prices-page{page}.json").read_text()
+            if page == 1:  # NextPageLink points back at this server, as the real one points at prices.azure.com
+                body = body.replace("https://prices.azure.com", f"http://127.0.0.1:{self.server.server_address[1]}")
+            return self._send(200, body.encode(), "application/json")
         self._send(404, b"not found", "text/plain")
 
 
@@ -74,6 +80,7 @@ def price_server() -> Iterator[str]:
 def env(price_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv("GTRAIN_AWS_PRICING_URL", price_server)
     monkeypatch.setenv("GTRAIN_GCP_BILLING_URL", price_server)
+    monkeypatch.setenv("GTRAIN_AZURE_PRICES_URL", price_server)
     monkeypatch.setenv("GTRAIN_GCP_API_KEY", API_KEY)
     monkeypatch.delenv("GTRAIN_GCP_ACCESS_TOKEN", raising=False)
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no gcloud to fall back on
@@ -178,7 +185,8 @@ def test_failed_refresh_keeps_the_old_user_copy(env: str, gtrain_home: Path) -> 
     assert "HTTP 503" in r.stderr and "unchanged" in r.stderr and "Traceback" not in r.stderr
     for p in ("aws", "gcp"):  # aws downloaded fine, but nothing is written unless everything is
         assert (gtrain_home / "catalog" / f"{p}.csv").read_bytes() == old[p]
-    assert sorted(f.name for f in (gtrain_home / "catalog").iterdir()) == ["aws.csv", "gcp.csv"]  # no temp files
+    # no temp files
+    assert sorted(f.name for f in (gtrain_home / "catalog").iterdir()) == ["aws.csv", "azure.csv", "gcp.csv"]
 
 
 def test_unreachable_price_list_is_exit_1_naming_the_url(env: str, gtrain_home: Path,
