@@ -37,6 +37,7 @@ from gtrain.containers.options import ContainerOptions, ImageCredentials, check_
 from gtrain.errors import ConfigError, dotted_path
 from gtrain.health.model import PREFLIGHT_PATTERN, MinGpuUtil
 from gtrain.jobs.launchers import options as launchers
+from gtrain.specanyof import Candidate, Order, candidate_providers, check_candidates, default_provider, settle
 from gtrain.specdata import MAX_PROBLEMS, DataEntry, check_keys, check_spec_file, duplicates, no_credentials, no_nul
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$|^[a-z]$")
@@ -92,6 +93,11 @@ class Resources(_Model):
     zones: list[str] | None = Field(None, description="zones to try")
     disk_gb: Int = Field(100, ge=10, le=65536, description="boot disk size per node, GB")
     image_id: str | None = Field(None, description="machine image (AMI / GCE image)")
+    any_of: Annotated[list[Candidate] | None, AfterValidator(check_candidates)] = Field(
+        None, description="candidate placements `{provider, region, regions, zones, use_spot, accelerators, "
+        "instance_type}` tried in `order`; see docs/any_of.md")
+    order: Order | None = Field(None, description="with `any_of`: `price` (cheapest first, the default) or "
+                                "`listed` (as written)")
 
     @field_validator("accelerators")
     @classmethod
@@ -294,9 +300,15 @@ class ClusterSpec(_Model):
             names = [k for k in data if isinstance(k, str) and k not in cls.model_fields and provider_known(k)]
             sections = {k: data[k] for k in names if data[k] is not None}
             data = {k: v for k, v in data.items() if k not in names}
-        spec = handler(data)
+        provider_given = isinstance(data, dict) and data.get("provider") is not None
+        spec = handler(default_provider(data) if isinstance(data, dict) else data)
+        settle(spec, provider_given)
+        allowed = candidate_providers(spec) or [spec.provider]
         for name, section in sections.items():
-            if name != spec.provider:
+            if name not in allowed:
+                if spec.resources.any_of:
+                    raise ValueError(f"section '{name}:' is given but no resources.any_of candidate uses "
+                                     f"{name!r} (candidates: {', '.join(sorted(set(allowed)))})")
                 raise ValueError(f"section '{name}:' is given but provider is {spec.provider!r}")
             if not isinstance(section, dict):
                 raise ValueError(f"section '{name}:' must be a mapping of fields, got {type(section).__name__}")
@@ -365,6 +377,13 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return dotted_path(loc) or "spec"
 
 
+def _models_in(ann: Any) -> list[type[BaseModel]]:
+    """The models a field's annotation holds (``X | None``, ``list[X]``, ``Annotated[...]``)."""
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return [ann]
+    return [m for a in getattr(ann, "__args__", ()) for m in _models_in(a)]
+
+
 def _known_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     cur: Any = model
     for part in loc[:-1]:
@@ -373,9 +392,7 @@ def _known_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
         f = cur.model_fields.get(str(part))
         if f is None:
             return []
-        ann = f.annotation
-        args = getattr(ann, "__args__", ())
-        cands = [a for a in (ann, *args) if isinstance(a, type) and issubclass(a, BaseModel)]
+        cands = _models_in(f.annotation)
         cur = cands[0] if cands else None
     if cur is ClusterSpec:
         return [k for k in cur.model_fields if k != "base_dir"] + _provider_choices()
