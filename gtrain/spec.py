@@ -366,6 +366,8 @@ class ClusterSpec(_Model):
     def to_yaml_dict(self) -> dict[str, Any]:
         out = self.model_dump(mode="json", exclude_none=True, exclude={"base_dir"})
         out.update(to_jsonable_python(self._sections))
+        if self.resources.any_of:  # every candidate names its provider: the top-level one is theirs
+            out.pop("provider", None)
         return out
 
 
