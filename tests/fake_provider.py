@@ -60,6 +60,13 @@ class FakeProvider(Provider):
         return Plan(provider=self.name, num_nodes=spec.num_nodes, instance_type="fake.small", market="on-demand",
                     region=REGION, price_per_hour=PRICE, max_hours=spec.policies.max_hours)
 
+    def quota_check(self, spec: ClusterSpec, plan: Plan) -> str | None:
+        """The pretend account's instance quota, ``$GTRAIN_FAKE_CLOUD/quota`` (a count), when that file exists."""
+        f = cloud() / "quota"
+        if f.is_file() and plan.num_nodes > (limit := int(f.read_text())):
+            return f"instance quota {limit}, {plan.num_nodes} asked"
+        return None
+
     def provision(self, spec: ClusterSpec, cluster: Cluster, plan: Plan) -> None:
         have = {t["rank"]: d for d, t in tagged(cluster.id)}
         for rank in range(spec.num_nodes):
