@@ -43,10 +43,8 @@ def up(spec: ClusterSpec, ctx: Context, *, dry_run: bool = False, keep_failed: b
     ``keep_failed``; an existing cluster whose shape differs from the spec is refused unless ``recreate``."""
     from gtrain.locks import cluster_lock
 
-    if spec.resources.any_of:  # several candidates: gtrain.placement tries them in order
-        from gtrain import placement
-
-        return placement.up(spec, ctx, dry_run=dry_run, keep_failed=keep_failed, recreate=recreate)
+    if spec.resources.any_of:  # several candidates: tried in order (gtrain.placement)
+        return _up_any_of(spec, ctx, dry_run=dry_run, keep_failed=keep_failed, recreate=recreate)
     provider = ctx.provider(spec.provider)
     plan = provider.plan(spec)  # raises ConfigError before anything is made
     if dry_run:
@@ -56,6 +54,27 @@ def up(spec: ClusterSpec, ctx: Context, *, dry_run: bool = False, keep_failed: b
         if done is not None:
             return done
         return provision(spec, ctx, plan, cluster, keep_failed=keep_failed)
+
+
+def _up_any_of(spec: ClusterSpec, ctx: Context, *, dry_run: bool, keep_failed: bool, recreate: bool) -> UpResult:
+    from gtrain import placement
+    from gtrain.locks import cluster_lock
+
+    all_offers, plannable = placement.prepare(spec, ctx)
+    if dry_run:
+        first = placement.choose(spec, plannable)
+        assert first.plan is not None
+        return UpResult(first.plan, None, False, placement=placement.record(spec, all_offers))
+    with cluster_lock(ctx.store.home, spec.name, "up"):
+        cluster, done = existing_cluster(spec, ctx, recreate=recreate, shape=spec.to_yaml_dict())
+        if done is not None:
+            return done
+
+        def attempt(o: placement.Offer, c: Cluster | None, extra: dict[str, Any]) -> UpResult:
+            assert o.plan is not None
+            return provision(o.spec, ctx, o.plan, c, keep_failed=keep_failed, extra=extra)
+
+        return placement.try_in_order(spec, ctx, all_offers, plannable, cluster, attempt)
 
 
 def existing_cluster(spec: ClusterSpec, ctx: Context, *, recreate: bool, shape: dict[str, Any],

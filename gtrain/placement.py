@@ -11,16 +11,17 @@ contract) moves on to the next. What was tried, and why each was passed over, is
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from gtrain.errors import CapacityError, ConfigError, GtrainError, QuotaError
 
 if TYPE_CHECKING:
-    from gtrain.cluster import UpResult
     from gtrain.context import Context
     from gtrain.providers.base import Plan
     from gtrain.spec import ClusterSpec
+    from gtrain.state import Cluster
 
 
 @dataclass
@@ -47,8 +48,6 @@ class Offer:
 
 def offers(spec: ClusterSpec, ctx: Context) -> list[Offer]:
     """Every candidate planned and priced, in the order ``up`` tries them (unplannable ones last)."""
-    from gtrain.specanyof import candidate_specs
-
     out = []
     for i, (cand, cspec) in enumerate(zip(spec.resources.any_of or [], candidate_specs(spec), strict=True)):
         o = Offer(i, cand.label(i), cspec)
@@ -61,6 +60,26 @@ def offers(spec: ClusterSpec, ctx: Context) -> list[Offer]:
         out.sort(key=lambda o: (o.plan is None, o.plan.cluster_price_per_hour if o.plan else 0.0, o.index))
     else:
         out.sort(key=lambda o: (o.plan is None, o.index))
+    return out
+
+
+def candidate_specs(spec: ClusterSpec) -> list[ClusterSpec]:
+    """One plain spec per candidate, in the order listed (no ``any_of`` left in them)."""
+    from gtrain.spec import parse_spec
+    from gtrain.specanyof import candidate_providers
+
+    out = []
+    base = spec.to_yaml_dict()
+    for i, c in enumerate(spec.resources.any_of or []):
+        data = {k: v for k, v in base.items() if k not in candidate_providers(spec) or k == c.provider}
+        res = {k: v for k, v in (base.get("resources") or {}).items() if k not in ("any_of", "order")}
+        given = c.model_dump(exclude_none=True, exclude={"provider"})
+        if "region" in given or "regions" in given:
+            res.pop("region", None)
+            res.pop("regions", None)
+        res.update(given)
+        data.update(provider=c.provider, resources=res)
+        out.append(parse_spec(data, base_dir=spec.base_dir, source=f"resources.any_of[{i}]"))
     return out
 
 
@@ -110,10 +129,8 @@ def quota_skip(ctx: Context, o: Offer) -> str | None:
         return None
 
 
-def up(spec: ClusterSpec, ctx: Context, *, dry_run: bool, keep_failed: bool, recreate: bool) -> UpResult:
-    from gtrain import cluster as core
-    from gtrain.locks import cluster_lock
-
+def prepare(spec: ClusterSpec, ctx: Context) -> tuple[list[Offer], list[Offer]]:
+    """Every candidate priced (in the order tried) and those that can be planned; exit 2 when none can."""
     all_offers = offers(spec, ctx)
     plannable = [o for o in all_offers if o.plan is not None]
     if not plannable:
@@ -122,49 +139,63 @@ def up(spec: ClusterSpec, ctx: Context, *, dry_run: bool, keep_failed: bool, rec
                           hint="fix the candidates (accelerators, regions) or add one that offers the request")
     for w in store_warnings(spec, all_offers):
         ctx.report.warn(w)
-    if dry_run:
-        plannable[0].outcome, plannable[0].why = "chosen", why_first(spec, plannable[0], plannable)
-        return core.UpResult(plannable[0].plan, None, False, placement=record(spec, all_offers))  # type: ignore[arg-type]
-    with cluster_lock(ctx.store.home, spec.name, "up"):
-        shape = spec.to_yaml_dict()
-        cluster, done = core.existing_cluster(spec, ctx, recreate=recreate, shape=shape)
-        if done is not None:
-            return done
-        if cluster is not None:  # an interrupted up (kept with --keep-failed): resume where it was
-            plannable.sort(key=lambda o: o.spec.to_yaml_dict() != cluster.spec)
-        for o in plannable:
-            assert o.plan is not None
-            why = quota_skip(ctx, o)
-            if why:
-                o.outcome, o.why = "skipped", why
-                ctx.report.warn(f"{o.label}: skipped before anything was made: {why}")
-                continue
-            ctx.report.info(f"trying {o.label}: {o.plan.instance_type or '-'} {o.plan.market} in "
-                            f"{o.plan.region or '-'} at ${o.plan.cluster_price_per_hour:.2f}/h")
-            o.outcome = "landed"
-            try:
-                res = core.provision(o.spec, ctx, o.plan, cluster, keep_failed=keep_failed,
-                                     extra={"any_of": record(spec, all_offers)})
-            except (CapacityError, QuotaError) as e:
-                o.outcome = "no quota" if isinstance(e, QuotaError) else "no capacity"
-                o.why = _first_line(e.message) + (f" ({len(e.attempts)} place(s) tried)"
-                                                   if isinstance(e, CapacityError) and e.attempts else "")
-                ctx.report.warn(f"{o.label}: {o.outcome}; trying the next candidate")
-                # the record the failed candidate left terminated (nothing made) is taken over by the next, so a
-                # spec keeps one cluster id whichever candidate it lands on
-                cluster = ctx.store.find_cluster(spec.name)
-                if cluster is not None and cluster.status != "terminated":
-                    raise  # something of it was kept (--keep-failed): not ours to replace
-                continue
-            assert res.cluster is not None
-            ctx.store.update_cluster(res.cluster.id, extra={**res.cluster.extra, "any_of": record(spec, all_offers)})
-            passed = [f"{x.label}: {x.outcome}" for x in all_offers if x.outcome not in ("landed", "untried")]
-            ctx.event(res.cluster, "placement", msg=f"landed on {o.label}" + (
-                f" (passed over: {'; '.join(passed)})" if passed else ""), provider=o.spec.provider)
-            res.placement = record(spec, all_offers)
-            res.cluster = ctx.store.get_cluster_by_id(res.cluster.id)
-            return res
+    return all_offers, plannable
+
+
+def choose(spec: ClusterSpec, plannable: list[Offer]) -> Offer:
+    """What a dry run shows as chosen: the first candidate ``up`` would try, and why."""
+    plannable[0].outcome, plannable[0].why = "chosen", why_first(spec, plannable[0], plannable)
+    return plannable[0]
+
+
+class Landed(Protocol):
+    """What an attempt returns (gtrain.cluster.UpResult)."""
+
+    cluster: Cluster | None
+    placement: dict[str, Any] | None
+
+
+R = TypeVar("R", bound=Landed)
+
+
+def try_in_order(spec: ClusterSpec, ctx: Context, all_offers: list[Offer], plannable: list[Offer],
+                 cluster: Cluster | None, provision: Callable[[Offer, Cluster | None, dict[str, Any]], R]) -> R:
+    """Under the cluster's lock: each plannable candidate in turn until one lands (see the module's doc);
+    ``provision(offer, cluster record or None, extra)`` makes the offer's nodes (gtrain.cluster.provision)."""
+    if cluster is not None:  # an interrupted up (kept with --keep-failed): resume where it was
+        was = cluster.spec
+        plannable.sort(key=lambda o: o.spec.to_yaml_dict() != was)
+    for o in plannable:
+        assert o.plan is not None
+        why = quota_skip(ctx, o)
+        if why:
+            o.outcome, o.why = "skipped", why
+            ctx.report.warn(f"{o.label}: skipped before anything was made: {why}")
+            continue
+        ctx.report.info(f"trying {o.label}: {o.plan.instance_type or '-'} {o.plan.market} in "
+                        f"{o.plan.region or '-'} at ${o.plan.cluster_price_per_hour:.2f}/h")
+        o.outcome = "landed"
+        try:
+            res = provision(o, cluster, {"any_of": record(spec, all_offers)})
+        except (CapacityError, QuotaError) as e:
+            o.outcome = "no quota" if isinstance(e, QuotaError) else "no capacity"
+            o.why = _first_line(e.message) + (f" ({len(e.attempts)} place(s) tried)"
+                                               if isinstance(e, CapacityError) and e.attempts else "")
+            ctx.report.warn(f"{o.label}: {o.outcome}; trying the next candidate")
+            # the record the failed candidate left terminated (nothing made) is taken over by the next, so a
+            # spec keeps one cluster id whichever candidate it lands on
+            cluster = ctx.store.find_cluster(spec.name)
+            if cluster is not None and cluster.status != "terminated":
+                raise  # something of it was kept (--keep-failed): not ours to replace
+            continue
+        assert res.cluster is not None
+        ctx.store.update_cluster(res.cluster.id, extra={**res.cluster.extra, "any_of": record(spec, all_offers)})
+        passed = [f"{x.label}: {x.outcome}" for x in all_offers if x.outcome not in ("landed", "untried")]
+        ctx.event(res.cluster, "placement", msg=f"landed on {o.label}" + (
+            f" (passed over: {'; '.join(passed)})" if passed else ""), provider=o.spec.provider)
+        res.placement = record(spec, all_offers)
+        res.cluster = ctx.store.get_cluster_by_id(res.cluster.id)
+        return res
     raise CapacityError("no candidate of resources.any_of could be had",
                         [f"{o.label}: {o.outcome}: {o.why}" for o in all_offers],
                         hint="add candidates (other regions or clouds), or try again later")
-

@@ -37,12 +37,21 @@ from gtrain.containers.options import ContainerOptions, ImageCredentials, check_
 from gtrain.errors import ConfigError, dotted_path
 from gtrain.health.model import PREFLIGHT_PATTERN, MinGpuUtil
 from gtrain.jobs.launchers import options as launchers
-from gtrain.specanyof import Candidate, Order, candidate_providers, check_candidates, default_provider, settle
+from gtrain.specanyof import (
+    Candidate,
+    Order,
+    _provider_choices,
+    candidate_providers,
+    check_accelerators,
+    check_candidates,
+    default_provider,
+    provider_known,
+    settle,
+)
 from gtrain.specdata import MAX_PROBLEMS, DataEntry, check_keys, check_spec_file, duplicates, no_credentials, no_nul
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$|^[a-z]$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-ACCEL_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_-]*)(?::(\d+))?$")
 # Names gtrain sets itself on every rank; a user env var may not shadow them.
 RESERVED_ENV = {
     "GTRAIN_NODE_RANK", "GTRAIN_NUM_NODES", "GTRAIN_NODE_IPS", "GTRAIN_MASTER_ADDR", "GTRAIN_MASTER_PORT",
@@ -102,15 +111,7 @@ class Resources(_Model):
     @field_validator("accelerators")
     @classmethod
     def _accel(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        m = ACCEL_RE.match(v)
-        if not m:
-            raise ValueError("must look like GPU:COUNT, e.g. A100:8 or H100:1")
-        count = int(m.group(2) or 1)
-        if not 1 <= count <= 16:
-            raise ValueError("GPU count must be between 1 and 16 per node")
-        return f"{m.group(1).upper() if m.group(1).islower() else m.group(1)}:{count}"
+        return check_accelerators(v)
 
     @property
     def gpu_name(self) -> str | None:
@@ -261,19 +262,6 @@ class Policies(_Model):
                                             "stop`: stop the job) when every GPU idles; see docs/health.md")
     recovery: Recovery = Field(default_factory=lambda: Recovery(), description="recover from lost nodes; see "
                                "docs/durable.md")
-
-
-def provider_known(name: str) -> bool:
-    """A name a spec may give as ``provider:`` (and as a section): registered, or planned (refused at `up`)."""
-    from gtrain.providers.registry import PLANNED, REGISTRY, provider_names
-
-    return name in REGISTRY or name in PLANNED or name in provider_names()
-
-
-def _provider_choices() -> list[str]:
-    from gtrain.providers.registry import PLANNED, provider_names
-
-    return sorted({*provider_names(), *PLANNED})
 
 
 class ClusterSpec(_Model):

@@ -1,26 +1,51 @@
 """``resources.any_of`` / ``resources.order``: one spec, several candidate placements (docs/any_of.md).
 
 A candidate names a provider and may override where and what: ``region`` / ``regions`` / ``zones`` /
-``use_spot`` / ``accelerators`` / ``instance_type``. :func:`candidate_specs` turns a spec with ``any_of`` into one
-plain :class:`~gtrain.spec.ClusterSpec` per candidate (one provider, the candidate's overrides applied, only that
-provider's section kept), so every provider reads its candidate through the usual seam and nothing here names
-one. Pydantic only: ``gtrain.spec`` imports this module.
+``use_spot`` / ``accelerators`` / ``instance_type``. ``gtrain.placement.candidate_specs`` turns a spec with
+``any_of`` into one plain :class:`~gtrain.spec.ClusterSpec` per candidate (one provider, the candidate's
+overrides applied, only that provider's section kept), so every provider reads its candidate through the usual
+seam and nothing here names one. Pydantic only: ``gtrain.spec`` imports this module.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+import re
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-if TYPE_CHECKING:
-    from gtrain.spec import ClusterSpec
-
+ACCEL_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_-]*)(?::(\d+))?$")
 MAX_CANDIDATES = 32
 #: the fields of ``resources`` a candidate may set for itself
 OVERRIDES = ("region", "regions", "zones", "use_spot", "accelerators", "instance_type")
 Order = Literal["price", "listed"]
+
+
+def provider_known(name: str) -> bool:
+    """A name a spec may give as ``provider:`` (and as a section): registered, or planned (refused at `up`)."""
+    from gtrain.providers.registry import PLANNED, REGISTRY, provider_names
+
+    return name in REGISTRY or name in PLANNED or name in provider_names()
+
+
+def _provider_choices() -> list[str]:
+    from gtrain.providers.registry import PLANNED, provider_names
+
+    return sorted({*provider_names(), *PLANNED})
+
+
+def check_accelerators(v: str | None) -> str | None:
+    """``GPU:COUNT`` (COUNT 1..16, default 1), a lower-case name upper-cased."""
+    if v is None:
+        return v
+    m = ACCEL_RE.match(v)
+    if not m:
+        raise ValueError("must look like GPU:COUNT, e.g. A100:8 or H100:1")
+    count = int(m.group(2) or 1)
+    if not 1 <= count <= 16:
+        raise ValueError("GPU count must be between 1 and 16 per node")
+    return f"{m.group(1).upper() if m.group(1).islower() else m.group(1)}:{count}"
 
 
 class Candidate(BaseModel):
@@ -39,8 +64,6 @@ class Candidate(BaseModel):
     @field_validator("provider")
     @classmethod
     def _provider(cls, v: str | None) -> str | None:
-        from gtrain.spec import _provider_choices, provider_known
-
         if v is not None and not provider_known(v):
             choices = _provider_choices()
             expected = ", ".join(repr(c) for c in choices[:-1]) + f" or {choices[-1]!r}"
@@ -50,9 +73,7 @@ class Candidate(BaseModel):
     @field_validator("accelerators")
     @classmethod
     def _accel(cls, v: str | None) -> str | None:
-        from gtrain.spec import Resources
-
-        return Resources._accel(v) if v is not None else None
+        return check_accelerators(v)
 
     @model_validator(mode="after")
     def _where(self) -> Candidate:
@@ -77,7 +98,7 @@ def check_candidates(v: list[Candidate] | None) -> list[Candidate] | None:
     return v
 
 
-def settle(spec: ClusterSpec, provider_given: bool) -> None:
+def settle(spec: Any, provider_given: bool) -> None:
     """Give each candidate its provider and check the spec's `provider:` and sections agree with them.
 
     Rules: a candidate without ``provider`` takes the spec's ``provider:`` (which must then be given); a spec's
@@ -102,8 +123,6 @@ def settle(spec: ClusterSpec, provider_given: bool) -> None:
 def default_provider(data: dict[str, Any]) -> dict[str, Any]:
     """Before validation: a spec without ``provider:`` whose first candidate names one takes it as its
     ``provider`` (what `confirm_price` and the messages of a plain spec read)."""
-    from gtrain.spec import provider_known
-
     res = data.get("resources")
     cands = res.get("any_of") if isinstance(res, dict) else None
     if data.get("provider") is None and isinstance(cands, list) and cands and isinstance(cands[0], dict) \
@@ -112,24 +131,5 @@ def default_provider(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def candidate_providers(spec: ClusterSpec) -> list[str]:
+def candidate_providers(spec: Any) -> list[str]:
     return [c.provider for c in spec.resources.any_of or [] if c.provider]
-
-
-def candidate_specs(spec: ClusterSpec) -> list[ClusterSpec]:
-    """One plain spec per candidate, in the order listed (no ``any_of`` left in them)."""
-    from gtrain.spec import parse_spec
-
-    out = []
-    base = spec.to_yaml_dict()
-    for i, c in enumerate(spec.resources.any_of or []):
-        data = {k: v for k, v in base.items() if k not in candidate_providers(spec) or k == c.provider}
-        res = {k: v for k, v in (base.get("resources") or {}).items() if k not in ("any_of", "order")}
-        given = c.model_dump(exclude_none=True, exclude={"provider"})
-        if "region" in given or "regions" in given:
-            res.pop("region", None)
-            res.pop("regions", None)
-        res.update(given)
-        data.update(provider=c.provider, resources=res)
-        out.append(parse_spec(data, base_dir=spec.base_dir, source=f"resources.any_of[{i}]"))
-    return out

@@ -23,7 +23,8 @@ from gtrain.specanyof import Candidate
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "spec.md"
 TABLES: dict[str, type[BaseModel]] = {
-    "top": ClusterSpec, "resources": Resources, "resources.any_of": Candidate, "job": Job, "job.data": DataEntry, "policies": Policies,
+    "top": ClusterSpec, "resources": Resources, "resources.any_of": Candidate, "job": Job, "job.data": DataEntry,
+    "policies": Policies,
 }
 _BLOCK = re.compile(r"(<!-- BEGIN fields (?P<key>[\w.]+) [^>]*-->\n).*?(<!-- END fields (?P=key) -->)", re.S)
 
