@@ -222,6 +222,10 @@ def placement_table(placement: dict[str, Any] | None) -> None:
              c["why"] or ""] for c in placement.get("candidates") or []]
     table(f"candidates (resources.any_of, order: {placement.get('order')})",
           ["#", "candidate", "instance type", "market", "region", "$/h (cluster)", "outcome", "why"], rows)
+    moves = placement.get("moves") or []
+    if moves:
+        table("moves (each cloud's part of the cost)", ["at", "from", "to", "why", "cost there"],
+              [[fmt_time(m["at"]), m["from"], m["to"], m["why"], fmt_usd(m["cost_usd"])] for m in moves])
 
 
 def cost_table(report: Any) -> None:
