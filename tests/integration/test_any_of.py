@@ -134,3 +134,9 @@ def test_dry_run_prices_every_candidate_and_picks_the_cheapest(fake_gce: FakeGCE
     assert "candidates (resources.any_of, order: price)" in p.stdout and "chosen" in p.stdout
     for cand, _ in CLOUDS:
         assert cand["region"] in p.stdout
+    c = subprocess.run([sys.executable, "-m", "gtrain", "catalog", "--spec", str(f), "--json"], capture_output=True,
+                       text=True, env=env, timeout=120, check=False)
+    assert c.returncode == 0, c.stderr
+    got = json.loads(c.stdout)["placement"]["candidates"]
+    assert [(x["label"], x["cluster_price_per_hour"], x["outcome"]) for x in got] == \
+        [(x["label"], x["cluster_price_per_hour"], x["outcome"]) for x in cands]

@@ -116,3 +116,9 @@ def test_no_capacity_to_replace_a_lost_node_moves_the_run_to_the_next_candidate(
         assert cost["total_usd"] == pytest.approx(moves[0]["cost_usd"])
         events = (gtrain_home / "runs" / down.cost.cluster_id / "events.jsonl").read_text()
         assert '"kind":"move"' in events and '"kind":"placement"' in events
+        import subprocess
+        import sys
+
+        text = subprocess.run([sys.executable, "-m", "gtrain", "cost"], capture_output=True, text=True, timeout=120,
+                              check=False).stdout
+        assert "fake→local" in text and "mover: moved from #1 fake to #2 local" in text, text
