@@ -68,3 +68,14 @@ def test_bad_any_of_is_one_message_exit_2(tmp_path: Path, resources: dict[str, A
     r = cli("up", write(tmp_path, resources, **top), "--dry-run")
     assert r.returncode == 2, r.stderr
     assert says in r.stderr and "Traceback" not in r.stderr
+
+
+def test_launch_dry_run_before_up_renders_the_first_candidate(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "train.py").write_text("print('hi')\n")
+    spec = write(tmp_path, {"any_of": [{"provider": "ssh"}, {"provider": "local"}]},
+                 job={"workdir": str(work), "run": "train.py"})
+    r = cli("launch", spec, "--dry-run", "--json")  # ssh has no hosts: it cannot be planned, local is chosen
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["plan"]["provider"] == "local"
