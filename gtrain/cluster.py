@@ -23,9 +23,12 @@ class UpResult:
     plan: Plan
     cluster: Cluster | None
     created: bool
+    #: with ``resources.any_of``: every candidate priced, what became of each (gtrain.placement.record)
+    placement: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "placement": self.placement,
             "cluster": self.cluster.name if self.cluster else None,
             "cluster_id": self.cluster.id if self.cluster else None,
             "status": self.cluster.status if self.cluster else "planned",
@@ -40,52 +43,102 @@ def up(spec: ClusterSpec, ctx: Context, *, dry_run: bool = False, keep_failed: b
     ``keep_failed``; an existing cluster whose shape differs from the spec is refused unless ``recreate``."""
     from gtrain.locks import cluster_lock
 
+    if spec.resources.any_of:  # several candidates: tried in order (gtrain.placement)
+        return _up_any_of(spec, ctx, dry_run=dry_run, keep_failed=keep_failed, recreate=recreate)
     provider = ctx.provider(spec.provider)
     plan = provider.plan(spec)  # raises ConfigError before anything is made
     if dry_run:
         return UpResult(plan, None, False)
     with cluster_lock(ctx.store.home, spec.name, "up"):
+        cluster, done = existing_cluster(spec, ctx, recreate=recreate, shape=spec.to_yaml_dict(), plan=plan)
+        if done is not None:
+            return done
+        return provision(spec, ctx, plan, cluster, keep_failed=keep_failed)
+
+
+def _up_any_of(spec: ClusterSpec, ctx: Context, *, dry_run: bool, keep_failed: bool, recreate: bool) -> UpResult:
+    from gtrain import placement
+    from gtrain.locks import cluster_lock
+
+    all_offers, plannable = placement.prepare(spec, ctx)
+    if dry_run:
+        first = placement.choose(spec, plannable)
+        assert first.plan is not None
+        return UpResult(first.plan, None, False, placement=placement.record(spec, all_offers))
+    with cluster_lock(ctx.store.home, spec.name, "up"):
+        cluster, done = existing_cluster(spec, ctx, recreate=recreate, shape=spec.to_yaml_dict())
+        if done is not None:
+            return done
+
+        def attempt(o: placement.Offer, c: Cluster | None, extra: dict[str, Any]) -> UpResult:
+            assert o.plan is not None
+            return provision(o.spec, ctx, o.plan, c, keep_failed=keep_failed, extra=extra)
+
+        return placement.try_in_order(spec, ctx, all_offers, plannable, cluster, attempt)
+
+
+def existing_cluster(spec: ClusterSpec, ctx: Context, *, recreate: bool, shape: dict[str, Any],
+                     plan: Plan | None = None) -> tuple[Cluster | None, UpResult | None]:
+    """Under the cluster's lock: (a cluster to resume provisioning, None), (None, the result when the cluster
+    is already up with this ``shape``), or (None, None) for a new one. One up with another shape is refused
+    unless ``recreate``."""
+    existing = ctx.store.find_cluster(spec.name)
+    if existing is not None and existing.status == "stopped":
+        raise ConfigError(f"cluster {spec.name!r} is stopped", field="name",
+                          hint=f"`gtrain start {spec.name}` brings its nodes back, `gtrain down {spec.name}` "
+                               "deletes it")
+    if existing is not None and existing.status == "up":
+        changed = spec_changes(existing.extra.get("any_of", {}).get("spec") or existing.spec, shape)
+        if not changed:
+            ctx.report.info(f"cluster {spec.name} is already up")
+            if plan is None:  # the plan it landed on
+                from gtrain.providers.base import Plan as P
+
+                plan = P(**{k: v for k, v in existing.extra.get("plan", {}).items() if k in P.__dataclass_fields__})
+            return None, UpResult(plan, existing, False, placement=existing.extra.get("any_of"))
+        if not recreate:
+            raise ConfigError(
+                f"cluster {spec.name!r} is up with another shape: " + "; ".join(changed),
+                hint=f"`gtrain up --recreate` replaces its nodes (`gtrain down {spec.name}` + up), "
+                     "or pick another --name", field=changed[0].split(":", 1)[0])
+        ctx.report.info(f"recreating {spec.name}: " + "; ".join(changed))
+        down(spec.name, ctx)
         existing = ctx.store.find_cluster(spec.name)
-        if existing is not None and existing.status == "stopped":
-            raise ConfigError(f"cluster {spec.name!r} is stopped", field="name",
-                              hint=f"`gtrain start {spec.name}` brings its nodes back, `gtrain down {spec.name}` "
-                                   "deletes it")
-        if existing is not None and existing.status == "up":
-            changed = spec_changes(existing.spec, spec.to_yaml_dict())
-            if not changed:
-                ctx.report.info(f"cluster {spec.name} is already up")
-                return UpResult(plan, existing, False)
-            if not recreate:
-                raise ConfigError(
-                    f"cluster {spec.name!r} is up with another shape: " + "; ".join(changed),
-                    hint=f"`gtrain up --recreate` replaces its nodes (`gtrain down {spec.name}` + up), "
-                         "or pick another --name", field=changed[0].split(":", 1)[0])
-            ctx.report.info(f"recreating {spec.name}: " + "; ".join(changed))
-            down(spec.name, ctx)
-            existing = ctx.store.find_cluster(spec.name)
-        if existing is not None and existing.status != "terminated":
-            cluster = existing  # an interrupted up (kept with --keep-failed): provisioning is idempotent
-            ctx.report.info(f"resuming provisioning of {spec.name} (was {existing.status})")
-        else:
-            cluster = ctx.store.create_cluster(
-                name=spec.name, provider=spec.provider, num_nodes=spec.num_nodes, spec=spec.to_yaml_dict(),
-                region=plan.region, instance_type=plan.instance_type, market=plan.market,
-                price_per_hour=plan.price_per_hour, extra={"base_dir": spec.base_dir, "plan": plan.to_dict()},
-            )
-        ctx.report.info(f"provisioning {plan.num_nodes} {plan.provider} node(s) for {spec.name}")
-        started = time.time()
-        try:
-            provider.provision(spec, cluster, plan)
-        except (Exception, KeyboardInterrupt) as exc:
-            _failed_up(ctx, provider, cluster, plan, started, keep=keep_failed, why=exc)
-            raise
-        except BaseException:  # a crash-like exit (not an error, not a signal): state and tags tell what was made
-            _failed_up(ctx, provider, cluster, plan, started, keep=True, why=None)
-            raise
-        _open_intervals(ctx.store, cluster, plan, started)
-        ctx.store.update_cluster(cluster.id, status="up")
-        ctx.event(cluster, "up", msg=f"{plan.num_nodes} {plan.provider} node(s) {plan.instance_type or ''}".strip())
-        return UpResult(plan, ctx.store.get_cluster_by_id(cluster.id), True)
+    if existing is not None and existing.status != "terminated":
+        ctx.report.info(f"resuming provisioning of {spec.name} (was {existing.status})")
+        return existing, None  # an interrupted up (kept with --keep-failed): provisioning is idempotent
+    return None, None
+
+
+def provision(spec: ClusterSpec, ctx: Context, plan: Plan, cluster: Cluster | None, *, keep_failed: bool,
+              extra: dict[str, Any] | None = None) -> UpResult:
+    """Make the plan's nodes for ``cluster`` (None: a new record; a terminated one, which a failed candidate
+    of ``resources.any_of`` left with nothing made, is taken over). A failure deletes what it made unless
+    ``keep_failed``."""
+    provider = ctx.provider(spec.provider)
+    fields: dict[str, Any] = dict(
+        provider=spec.provider, num_nodes=spec.num_nodes, spec=spec.to_yaml_dict(), region=plan.region,
+        instance_type=plan.instance_type, market=plan.market, price_per_hour=plan.price_per_hour,
+        extra={"base_dir": spec.base_dir, "plan": plan.to_dict(), **(extra or {})})
+    if cluster is None:
+        cluster = ctx.store.create_cluster(name=spec.name, **fields)
+    elif cluster.status == "terminated":
+        ctx.store.update_cluster(cluster.id, status="provisioning", terminated_at=None, **fields)
+        cluster = ctx.store.get_cluster_by_id(cluster.id)
+    ctx.report.info(f"provisioning {plan.num_nodes} {plan.provider} node(s) for {spec.name}")
+    started = time.time()
+    try:
+        provider.provision(spec, cluster, plan)
+    except (Exception, KeyboardInterrupt) as exc:
+        _failed_up(ctx, provider, cluster, plan, started, keep=keep_failed, why=exc)
+        raise
+    except BaseException:  # a crash-like exit (not an error, not a signal): state and tags tell what was made
+        _failed_up(ctx, provider, cluster, plan, started, keep=True, why=None)
+        raise
+    _open_intervals(ctx.store, cluster, plan, started)
+    ctx.store.update_cluster(cluster.id, status="up")
+    ctx.event(cluster, "up", msg=f"{plan.num_nodes} {plan.provider} node(s) {plan.instance_type or ''}".strip())
+    return UpResult(plan, ctx.store.get_cluster_by_id(cluster.id), True)
 
 
 def _failed_up(ctx: Context, provider: Provider, cluster: Cluster, plan: Plan, started: float, *, keep: bool,
@@ -273,5 +326,6 @@ def status(ctx: Context, name: str | None = None, *, refresh: bool = True) -> li
                       "ended_at": j.ended_at, "run": j.info.get("run"), "attempt": j.info.get("attempt", 1),
                       "recoveries": j.info.get("recoveries") or []} for j in jobs if j is not None],
             "recovery": _recovery_note(c, job, ctx) if name is not None and c.status == "up" else None,
+            "placement": c.extra.get("any_of"),  # resources.any_of: every candidate and why it was passed over
         })
     return out

@@ -37,11 +37,21 @@ from gtrain.containers.options import ContainerOptions, ImageCredentials, check_
 from gtrain.errors import ConfigError, dotted_path
 from gtrain.health.model import PREFLIGHT_PATTERN, MinGpuUtil
 from gtrain.jobs.launchers import options as launchers
+from gtrain.specanyof import (
+    Candidate,
+    Order,
+    _provider_choices,
+    candidate_providers,
+    check_accelerators,
+    check_candidates,
+    default_provider,
+    provider_known,
+    settle,
+)
 from gtrain.specdata import MAX_PROBLEMS, DataEntry, check_keys, check_spec_file, duplicates, no_credentials, no_nul
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$|^[a-z]$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-ACCEL_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_-]*)(?::(\d+))?$")
 # Names gtrain sets itself on every rank; a user env var may not shadow them.
 RESERVED_ENV = {
     "GTRAIN_NODE_RANK", "GTRAIN_NUM_NODES", "GTRAIN_NODE_IPS", "GTRAIN_MASTER_ADDR", "GTRAIN_MASTER_PORT",
@@ -92,19 +102,16 @@ class Resources(_Model):
     zones: list[str] | None = Field(None, description="zones to try")
     disk_gb: Int = Field(100, ge=10, le=65536, description="boot disk size per node, GB")
     image_id: str | None = Field(None, description="machine image (AMI / GCE image)")
+    any_of: Annotated[list[Candidate] | None, AfterValidator(check_candidates)] = Field(
+        None, description="candidate placements `{provider, region, regions, zones, use_spot, accelerators, "
+        "instance_type}` tried in `order`; see docs/any_of.md")
+    order: Order | None = Field(None, description="with `any_of`: `price` (cheapest first, the default) or "
+                                "`listed` (as written)")
 
     @field_validator("accelerators")
     @classmethod
     def _accel(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        m = ACCEL_RE.match(v)
-        if not m:
-            raise ValueError("must look like GPU:COUNT, e.g. A100:8 or H100:1")
-        count = int(m.group(2) or 1)
-        if not 1 <= count <= 16:
-            raise ValueError("GPU count must be between 1 and 16 per node")
-        return f"{m.group(1).upper() if m.group(1).islower() else m.group(1)}:{count}"
+        return check_accelerators(v)
 
     @property
     def gpu_name(self) -> str | None:
@@ -260,19 +267,6 @@ class Policies(_Model):
                                "docs/durable.md")
 
 
-def provider_known(name: str) -> bool:
-    """A name a spec may give as ``provider:`` (and as a section): registered, or planned (refused at `up`)."""
-    from gtrain.providers.registry import PLANNED, REGISTRY, provider_names
-
-    return name in REGISTRY or name in PLANNED or name in provider_names()
-
-
-def _provider_choices() -> list[str]:
-    from gtrain.providers.registry import PLANNED, provider_names
-
-    return sorted({*provider_names(), *PLANNED})
-
-
 class ClusterSpec(_Model):
     name: str = Field(..., description="the cluster's name: 1-40 of `a-z`, `0-9`, `-`; starts with a letter, "
                       "does not end with `-`; `--name` overrides it")
@@ -297,9 +291,15 @@ class ClusterSpec(_Model):
             names = [k for k in data if isinstance(k, str) and k not in cls.model_fields and provider_known(k)]
             sections = {k: data[k] for k in names if data[k] is not None}
             data = {k: v for k, v in data.items() if k not in names}
-        spec = handler(data)
+        provider_given = isinstance(data, dict) and data.get("provider") is not None
+        spec = handler(default_provider(data) if isinstance(data, dict) else data)
+        settle(spec, provider_given)
+        allowed = candidate_providers(spec) or [spec.provider]
         for name, section in sections.items():
-            if name != spec.provider:
+            if name not in allowed:
+                if spec.resources.any_of:
+                    raise ValueError(f"section '{name}:' is given but no resources.any_of candidate uses "
+                                     f"{name!r} (candidates: {', '.join(sorted(set(allowed)))})")
                 raise ValueError(f"section '{name}:' is given but provider is {spec.provider!r}")
             if not isinstance(section, dict):
                 raise ValueError(f"section '{name}:' must be a mapping of fields, got {type(section).__name__}")
@@ -357,6 +357,8 @@ class ClusterSpec(_Model):
     def to_yaml_dict(self) -> dict[str, Any]:
         out = self.model_dump(mode="json", exclude_none=True, exclude={"base_dir"})
         out.update(to_jsonable_python(self._sections))
+        if self.resources.any_of:  # every candidate names its provider: the top-level one is theirs
+            out.pop("provider", None)
         return out
 
 
@@ -368,6 +370,13 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return dotted_path(loc) or "spec"
 
 
+def _models_in(ann: Any) -> list[type[BaseModel]]:
+    """The models a field's annotation holds (``X | None``, ``list[X]``, ``Annotated[...]``)."""
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return [ann]
+    return [m for a in getattr(ann, "__args__", ()) for m in _models_in(a)]
+
+
 def _known_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     cur: Any = model
     for part in loc[:-1]:
@@ -376,9 +385,7 @@ def _known_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
         f = cur.model_fields.get(str(part))
         if f is None:
             return []
-        ann = f.annotation
-        args = getattr(ann, "__args__", ())
-        cands = [a for a in (ann, *args) if isinstance(a, type) and issubclass(a, BaseModel)]
+        cands = _models_in(f.annotation)
         cur = cands[0] if cands else None
     if cur is ClusterSpec:
         return [k for k in cur.model_fields if k != "base_dir"] + _provider_choices()

@@ -11,7 +11,7 @@ import re
 import sys
 import types
 from pathlib import Path
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import annotated_types as at
 from pydantic import BaseModel
@@ -19,10 +19,12 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from gtrain.spec import ClusterSpec, DataEntry, Job, Policies, Resources
+from gtrain.specanyof import Candidate
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "spec.md"
 TABLES: dict[str, type[BaseModel]] = {
-    "top": ClusterSpec, "resources": Resources, "job": Job, "job.data": DataEntry, "policies": Policies,
+    "top": ClusterSpec, "resources": Resources, "resources.any_of": Candidate, "job": Job, "job.data": DataEntry,
+    "policies": Policies,
 }
 _BLOCK = re.compile(r"(<!-- BEGIN fields (?P<key>[\w.]+) [^>]*-->\n).*?(<!-- END fields (?P=key) -->)", re.S)
 
@@ -31,6 +33,8 @@ def type_name(ann: Any) -> str:
     origin, args = get_origin(ann), get_args(ann)
     if origin is Annotated:
         return type_name(args[0])
+    if origin is Literal:
+        return "one of " + ", ".join(f"`{a}`" for a in args)
     if origin in (Union, types.UnionType):
         rest = [a for a in args if a is not type(None)]
         return " or ".join(type_name(a) for a in rest) + (" or null" if len(rest) < len(args) else "")

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
-from gtrain.errors import ConfigError
+from gtrain.errors import CapacityError, ConfigError
 from gtrain.nodes import NodeRecord
 from gtrain.providers.base import GCResult, IntervalCost, NodeStatus, Orphan, Plan, Provider
 from gtrain.remote.base import Runner
@@ -60,8 +60,19 @@ class FakeProvider(Provider):
         return Plan(provider=self.name, num_nodes=spec.num_nodes, instance_type="fake.small", market="on-demand",
                     region=REGION, price_per_hour=PRICE, max_hours=spec.policies.max_hours)
 
+    def quota_check(self, spec: ClusterSpec, plan: Plan) -> str | None:
+        """The pretend account's instance quota, ``$GTRAIN_FAKE_CLOUD/quota`` (a count), when that file exists."""
+        f = cloud() / "quota"
+        if f.is_file() and plan.num_nodes > (limit := int(f.read_text())):
+            return f"instance quota {limit}, {plan.num_nodes} asked"
+        return None
+
     def provision(self, spec: ClusterSpec, cluster: Cluster, plan: Plan) -> None:
         have = {t["rank"]: d for d, t in tagged(cluster.id)}
+        cap = cloud() / "capacity"  # instances the pretend region can still hold, when that file exists
+        missing = [r for r in range(spec.num_nodes) if r not in have]
+        if missing and cap.is_file() and len(missing) > int(cap.read_text()):
+            raise CapacityError(f"no capacity for {len(missing)} instance(s) in {REGION}", [f"{REGION}: no capacity"])
         for rank in range(spec.num_nodes):
             path = have.get(rank)
             if path is None:

@@ -12,13 +12,14 @@ recoveries are kept in ``info["recoveries"]`` (``status``, ``cost`` and ``run``'
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gtrain.errors import GtrainError
+from gtrain.errors import CapacityError, GtrainError, QuotaError
 from gtrain.jobs.backend import JobState, LogLine
 from gtrain.locks import ClusterBusy, cluster_lock
 
@@ -185,6 +186,7 @@ def resume(cluster: Cluster, job: JobRecord, ctx: Context) -> JobRecord:
     from gtrain.checkpoints.ship import collect, relaunch
 
     with cluster_lock(ctx.store.home, cluster.name, "recover"):
+        cluster = ctx.store.get_cluster_by_id(cluster.id)  # where it is now (a move changes its provider)
         job = ctx.store.get_job(job.id)
         rec = dict(job.info.get("recovery") or {})
         if job.status != RECOVERING or not rec:
@@ -206,7 +208,7 @@ def resume(cluster: Cluster, job: JobRecord, ctx: Context) -> JobRecord:
             job = _save(ctx, job, rec)
         if rec["phase"] == "provisioning":
             if rec["reprovision"]:
-                _reprovision(cluster, job, ctx, rec)
+                cluster = _reprovision(cluster, job, ctx, rec)
             # what the stopped survivors finished since their last upload goes to the store, to be restored next
             # (here, not right after the stop: every node is reachable again to render the tool's script)
             collect(ctx.store.get_cluster_by_id(cluster.id), job, ctx,
@@ -233,7 +235,11 @@ def resume(cluster: Cluster, job: JobRecord, ctx: Context) -> JobRecord:
     return job
 
 
-def _reprovision(cluster: Cluster, job: JobRecord, ctx: Context, rec: dict[str, Any]) -> None:
+def _reprovision(cluster: Cluster, job: JobRecord, ctx: Context, rec: dict[str, Any]) -> Cluster:
+    """Make the lost nodes again; when the cluster's cloud has no capacity for them and the spec has other
+    ``resources.any_of`` candidates, move the whole cluster (gtrain.move). Returns the cluster as it is now."""
+    from gtrain import move
+
     provider = ctx.provider(cluster.provider)
     spec = ctx.spec_of(cluster)
     plan = provider.plan(spec)
@@ -249,10 +255,19 @@ def _reprovision(cluster: Cluster, job: JobRecord, ctx: Context, rec: dict[str, 
             again = []
         if again:
             ctx.report.info(f"node(s) {again} were stopped, not gone: started again (same machines and disks)")
-    provider.provision(spec, cluster, plan)  # idempotent: makes only what is missing
+    try:
+        provider.provision(spec, cluster, plan)  # idempotent: makes only what is missing
+    except (CapacityError, QuotaError) as e:
+        if not move.can_move(cluster):
+            raise
+        cluster = move.move(cluster, ctx, e)
+        move.rebase_job(ctx.store.get_job(job.id), cluster, ctx)
+        rec.update(reprovision=list(range(cluster.num_nodes)), moved_to=cluster.provider)
+        return cluster
     for rank in rec["reprovision"]:  # the replacement nodes are billed from now
         ctx.store.open_interval(cluster.id, rank, instance_type=plan.instance_type, market=plan.market,
                                 price_per_hour=plan.price_per_hour, started_at=started)
+    return cluster
 
 
 # ---- the watcher -----------------------------------------------------------------------------------
@@ -275,11 +290,12 @@ def wait(cluster: Cluster, job: JobRecord, ctx: Context, on_line: Callable[[LogL
             job = ctx.store.get_job(job.id)
             if job.status == RECOVERING:
                 job = resume(cluster, job, ctx)
+                cluster = ctx.store.get_cluster_by_id(cluster.id)  # moved to another candidate, maybe
                 if job.status != JobState.RUNNING.value:
                     return job
                 tail = None  # a new attempt: all of its lines
             job = follow(cluster, job, ctx, on_line, tail=tail, nodes=nodes, rank=rank,
-                         check=lambda: lost_reason(cluster, ctx), check_every_s=_watch_poll_s())
+                         check=functools.partial(lost_reason, cluster, ctx), check_every_s=_watch_poll_s())
             if job.status in (JobState.SUCCEEDED.value, JobState.CANCELLED.value):
                 return job
             v = classify(cluster, job, ctx)

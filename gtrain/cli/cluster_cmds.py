@@ -77,6 +77,7 @@ def up(
     if json_:
         out.emit_json(res.to_dict())
         return
+    out.placement_table(res.placement)
     print_plan(res.plan.to_dict())
     if ov.note():
         out.say(f"note: {ov.note()}")

@@ -33,13 +33,18 @@ def cost(
         start = min((ln.started_at for ln in r.lines), default=None)
         stops = [ln.stopped_at for ln in r.lines]
         stop = None if (not stops or None in stops) else max(s for s in stops if s is not None)
-        rows.append([r.cluster, r.provider, r.status, out.fmt_time(start), out.fmt_time(stop),
+        moved = [m["from_provider"] for m in (r.placement or {}).get("moves") or []]
+        rows.append([r.cluster, "→".join([*moved, r.provider]), r.status, out.fmt_time(start), out.fmt_time(stop),
                      f"{r.node_hours:.4f}", len(r.recoveries) or "-",
                      out.fmt_usd(r.total_usd) + ("*" if r.estimate else "")])
     out.table("cost history", ["cluster", "provider", "status", "start", "stop", "node-hours", "recoveries", "$"],
               rows)
     total = sum(r.total_usd for r in reports)
     out.say(f"total: {out.fmt_usd(total)}" + ("  (* estimate)" if any(r.estimate for r in reports) else ""))
+    for r in reports:
+        for m in (r.placement or {}).get("moves") or []:
+            out.say(f"{r.cluster}: moved from {m['from']} to {m['to']} at {out.fmt_time(m['at'])} ({m['why']}); "
+                    f"its part on {m['from_provider']}: {out.fmt_usd(m['cost_usd'])}")
     recovered = [r for r in reports if r.recoveries]
     if recovered:
         from gtrain.checkpoints.recovery import summary_line
@@ -64,10 +69,15 @@ def catalog(
     json_: bool = JSON,
     refresh: bool = typer.Option(False, "--refresh", help="Re-price the catalog from the AWS price list and the "
                                  "GCP Cloud Billing Catalog into $GTRAIN_HOME/catalog/ (gcp: GTRAIN_GCP_API_KEY)."),
+    spec: str = typer.Option(None, "--spec", metavar="SPEC", help="Price a spec's resources.any_of candidates "
+                             "side by side, and say which `up` tries first and why (offline)."),
 ) -> None:
     """GPU instance offers from the catalog (shipped, or your refreshed copy), cheapest first."""
     out.set_json(json_)
     from dataclasses import asdict
+
+    if spec is not None:
+        return _candidates(spec, json_)
 
     from gtrain import catalog as cat
     from gtrain.errors import ConfigError
@@ -104,3 +114,20 @@ def catalog(
                 o.accelerators, f"{o.gpu_memory_gib:g}", o.vcpus, f"{o.memory_gib:g}", o.region,
                 out.fmt_usd(o.price_ondemand), out.fmt_usd(o.price_spot)] for o in rows])
     out.say(f"prices: catalog snapshot {cat.snapshot_date(provider)}; * spot prices are estimates")
+
+
+def _candidates(spec: str, json_: bool) -> None:
+    """`gtrain catalog --spec SPEC`: every resources.any_of candidate priced (what `up --dry-run` shows)."""
+    import gtrain.api as api
+    from gtrain.errors import ConfigError
+    from gtrain.spec import load_spec
+
+    parsed = load_spec(spec)
+    if not parsed.resources.any_of:
+        raise ConfigError(f"--spec {spec}: the spec has no resources.any_of", field="resources.any_of",
+                          hint="`gtrain up SPEC --dry-run` prices a one-provider spec")
+    res = api.up(parsed, dry_run=True, report=out.CLIReporter())
+    if json_:
+        out.emit_json({"placement": res.placement, "plan": res.plan.to_dict()})
+        return
+    out.placement_table(res.placement)

@@ -213,11 +213,27 @@ def table(title: str | None, columns: list[str], rows: list[list[Any]]) -> None:
     sys.stdout.flush()
 
 
+def placement_table(placement: dict[str, Any] | None) -> None:
+    """``resources.any_of``: every candidate priced side by side and what became of it (up, status, cost)."""
+    if not placement:
+        return
+    rows = [[c["candidate"], c["label"], c["instance_type"] or "-", c["market"] or "-", c["region"] or "-",
+             "-" if c["cluster_price_per_hour"] is None else fmt_usd(c["cluster_price_per_hour"]), c["outcome"],
+             c["why"] or ""] for c in placement.get("candidates") or []]
+    table(f"candidates (resources.any_of, order: {placement.get('order')})",
+          ["#", "candidate", "instance type", "market", "region", "$/h (cluster)", "outcome", "why"], rows)
+    moves = placement.get("moves") or []
+    if moves:
+        table("moves (each cloud's part of the cost)", ["at", "from", "to", "why", "cost there"],
+              [[fmt_time(m["at"]), m["from"], m["to"], m["why"], fmt_usd(m["cost_usd"])] for m in moves])
+
+
 def cost_table(report: Any) -> None:
     rows = [[ln.node_rank, ln.instance_type or "-", ln.market or "-", fmt_time(ln.started_at),
              fmt_time(ln.stopped_at), f"{ln.hours:.4f}", fmt_usd(ln.price_per_hour),
              fmt_usd(ln.cost_usd) + ("*" if ln.estimate else "")] for ln in report.lines]
     table(f"cost of {report.cluster} ({report.provider})",
           ["node", "instance type", "market", "start", "stop", "hours", "$/h", "$"], rows)
+    placement_table(getattr(report, "placement", None))
     note = "  (* estimate)" if report.estimate else ""
     say(f"total: {fmt_usd(report.total_usd)} for {report.node_hours:.4f} node-hours{note}")

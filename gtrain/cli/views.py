@@ -43,6 +43,7 @@ def show_status(cluster: str | None, json_: bool) -> None:
             out.table("recoveries", ["job", "attempt", "cause", "lost nodes", "at", "took (s)", "cost"],
                       [[jid, x["attempt"], x["kind"], x["lost"], out.fmt_time(x["detected_at"]), f"{x['seconds']:.1f}",
                         out.fmt_usd(x["cost_usd"])] for jid, x in recs])
+        out.placement_table(r.get("placement"))
         if r.get("recovery"):
             out.say(f"recovery: {r['recovery']}")
         if r["status"] == "stopped":

@@ -35,6 +35,8 @@ class CostReport:
     lines: list[CostLine] = field(default_factory=list)
     #: every recovery of the cluster's jobs (docs/durable.md), oldest first, each with its ``job`` id
     recoveries: list[dict[str, Any]] = field(default_factory=list)
+    #: ``resources.any_of``: the candidates and what became of each (gtrain.placement.record), else None
+    placement: dict[str, Any] | None = None
 
     @property
     def recovery_summary(self) -> dict[str, Any]:
@@ -62,6 +64,7 @@ class CostReport:
             "status": self.status, "total_usd": self.total_usd, "node_hours": self.node_hours,
             "estimate": self.estimate, "lines": [asdict(line) for line in self.lines],
             "recovery": self.recovery_summary, "recoveries": self.recoveries,
+            "placement": {k: v for k, v in self.placement.items() if k != "spec"} if self.placement else None,
         }
 
 
@@ -82,6 +85,7 @@ def cluster_cost(store: StateStore, cluster: Cluster, provider: Provider, *, per
             stopped_at=iv.stopped_at, hours=round(max(0.0, stop - iv.started_at) / 3600, 6),
             price_per_hour=iv.price_per_hour, cost_usd=round(cost, 6), estimate=estimate, note=note,
         ))
+    report.placement = cluster.extra.get("any_of")
     report.recoveries = [{"job": j.id, **r} for j in store.jobs(cluster.id) for r in j.info.get("recoveries") or []]
     return report
 

@@ -67,6 +67,10 @@ def preview(spec: ClusterSpec, ctx: Context) -> Preview:
     from gtrain.state import Cluster
 
     _job, workdir = check_job(spec)
+    if spec.resources.any_of:  # the candidate `up` would try first (gtrain.placement)
+        from gtrain import placement
+
+        spec = placement.choose(spec, placement.prepare(spec, ctx)[1]).spec
     provider = ctx.provider(spec.provider)
     plan = provider.plan(spec)  # ConfigError before anything is shown
     cluster = Cluster(id="<cluster-id>", name=spec.name, provider=spec.provider, status="planned",

@@ -176,6 +176,12 @@ class Provider(ABC):
         owns. Only providers with a ``gc_scope`` have anything to sweep."""
         raise ConfigError(f"--provider {self.name}: gtrain gc has nothing to sweep there", field="--provider")
 
+    def quota_check(self, spec: ClusterSpec, plan: Plan) -> str | None:
+        """Why the account's quota cannot hold ``plan`` (read-only, before anything is made), or None when it
+        can or the provider cannot tell (the default). ``up`` of a ``resources.any_of`` spec skips a candidate
+        with a reason, and says so; a ``GtrainError`` here only warns (provision will tell)."""
+        return None
+
     def replace_nodes(self, cluster: Cluster, ranks: list[int]) -> None:
         """Replace the nodes of ``ranks`` by new machines of the same ranks (``launch --replace-bad`` after a
         failed preflight): the old ones are deleted and their cost intervals end now, the new ones are billed

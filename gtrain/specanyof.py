@@ -1,0 +1,135 @@
+"""``resources.any_of`` / ``resources.order``: one spec, several candidate placements (docs/any_of.md).
+
+A candidate names a provider and may override where and what: ``region`` / ``regions`` / ``zones`` /
+``use_spot`` / ``accelerators`` / ``instance_type``. ``gtrain.placement.candidate_specs`` turns a spec with
+``any_of`` into one plain :class:`~gtrain.spec.ClusterSpec` per candidate (one provider, the candidate's
+overrides applied, only that provider's section kept), so every provider reads its candidate through the usual
+seam and nothing here names one. Pydantic only: ``gtrain.spec`` imports this module.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+ACCEL_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_-]*)(?::(\d+))?$")
+MAX_CANDIDATES = 32
+#: the fields of ``resources`` a candidate may set for itself
+OVERRIDES = ("region", "regions", "zones", "use_spot", "accelerators", "instance_type")
+Order = Literal["price", "listed"]
+
+
+def provider_known(name: str) -> bool:
+    """A name a spec may give as ``provider:`` (and as a section): registered, or planned (refused at `up`)."""
+    from gtrain.providers.registry import PLANNED, REGISTRY, provider_names
+
+    return name in REGISTRY or name in PLANNED or name in provider_names()
+
+
+def _provider_choices() -> list[str]:
+    from gtrain.providers.registry import PLANNED, provider_names
+
+    return sorted({*provider_names(), *PLANNED})
+
+
+def check_accelerators(v: str | None) -> str | None:
+    """``GPU:COUNT`` (COUNT 1..16, default 1), a lower-case name upper-cased."""
+    if v is None:
+        return v
+    m = ACCEL_RE.match(v)
+    if not m:
+        raise ValueError("must look like GPU:COUNT, e.g. A100:8 or H100:1")
+    count = int(m.group(2) or 1)
+    if not 1 <= count <= 16:
+        raise ValueError("GPU count must be between 1 and 16 per node")
+    return f"{m.group(1).upper() if m.group(1).islower() else m.group(1)}:{count}"
+
+
+class Candidate(BaseModel):
+    """One entry of ``resources.any_of``."""
+
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+    provider: str | None = Field(None, description="the candidate's provider; default: the spec's `provider:`")
+    region: str | None = Field(None, description="one region (replaces `resources.region`/`regions`)")
+    regions: list[str] | None = Field(None, description="regions to try, in order")
+    zones: list[str] | None = Field(None, description="zones to try")
+    use_spot: bool | None = Field(None, description="spot / preemptible capacity for this candidate")
+    accelerators: str | None = Field(None, description="`GPU:COUNT` for this candidate")
+    instance_type: str | None = Field(None, description="the provider's machine type for this candidate")
+
+    @field_validator("provider")
+    @classmethod
+    def _provider(cls, v: str | None) -> str | None:
+        if v is not None and not provider_known(v):
+            choices = _provider_choices()
+            expected = ", ".join(repr(c) for c in choices[:-1]) + f" or {choices[-1]!r}"
+            raise PydanticCustomError("literal_error", "not a provider", {"expected": expected})
+        return v
+
+    @field_validator("accelerators")
+    @classmethod
+    def _accel(cls, v: str | None) -> str | None:
+        return check_accelerators(v)
+
+    @model_validator(mode="after")
+    def _where(self) -> Candidate:
+        if self.region is not None and self.regions:
+            raise ValueError("give `region` or `regions`, not both")
+        if self.regions is not None and not self.regions:
+            raise ValueError("regions: an empty list; give at least one region or leave it out")
+        return self
+
+    def label(self, index: int) -> str:
+        where = self.region or (",".join(self.regions) if self.regions else "")
+        return f"#{index + 1} {self.provider}" + (f" ({where})" if where else "")
+
+
+def check_candidates(v: list[Candidate] | None) -> list[Candidate] | None:
+    if v is None:
+        return v
+    if not v:
+        raise ValueError("an empty list; give at least one candidate ({provider: NAME}) or leave any_of out")
+    if len(v) > MAX_CANDIDATES:
+        raise ValueError(f"{len(v)} candidates; at most {MAX_CANDIDATES}")
+    return v
+
+
+def settle(spec: Any, provider_given: bool) -> None:
+    """Give each candidate its provider and check the spec's `provider:` and sections agree with them.
+
+    Rules: a candidate without ``provider`` takes the spec's ``provider:`` (which must then be given); a spec's
+    ``provider:`` given next to candidates of other providers is refused (omit it, or name it in every
+    candidate); a section (``aws:``) is allowed for every candidate's provider and for none other."""
+    cands = spec.resources.any_of or []
+    if spec.resources.order is not None and not cands:
+        raise ValueError("resources.order is given without resources.any_of; add candidates or drop `order`")
+    if not cands:
+        return
+    for i, c in enumerate(cands):
+        if c.provider is None:
+            if not provider_given:
+                raise ValueError(f"resources.any_of[{i}].provider: required field is missing (give each candidate "
+                                 "a provider, or a top-level `provider:` they share)")
+            c.provider = spec.provider
+        elif provider_given and c.provider != spec.provider:
+            raise ValueError(f"resources.any_of[{i}].provider: {c.provider!r} disagrees with provider "
+                             f"{spec.provider!r}; omit the top-level `provider:` when candidates name several")
+
+
+def default_provider(data: dict[str, Any]) -> dict[str, Any]:
+    """Before validation: a spec without ``provider:`` whose first candidate names one takes it as its
+    ``provider`` (what `confirm_price` and the messages of a plain spec read)."""
+    res = data.get("resources")
+    cands = res.get("any_of") if isinstance(res, dict) else None
+    if data.get("provider") is None and isinstance(cands, list) and cands and isinstance(cands[0], dict) \
+            and isinstance(cands[0].get("provider"), str) and provider_known(cands[0]["provider"]):
+        return {**data, "provider": cands[0]["provider"]}
+    return data
+
+
+def candidate_providers(spec: Any) -> list[str]:
+    return [c.provider for c in spec.resources.any_of or [] if c.provider]
