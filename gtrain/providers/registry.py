@@ -16,6 +16,7 @@ REGISTRY: dict[str, str] = {
     "ssh": "gtrain.providers.ssh:SSHProvider",
     "slurm": "gtrain.providers.slurm:SlurmProvider",
     "kubernetes": "gtrain.providers.kubernetes:KubernetesProvider",
+    "ray": "gtrain.providers.ray:RayProvider",
 }
 
 #: names a spec may give that no registered provider serves yet, with what to say
