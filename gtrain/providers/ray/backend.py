@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from gtrain.providers.ray.provider import RayProvider
     from gtrain.state import Job as JobRecord
 
-ENTRYPOINT = "python _gtrain/driver.py"
+DRIVER = "_gtrain/driver.py"
 #: Ray keeps a working_dir package in its GCS, bounded by the gRPC message size (ray's packaging.py: 512 MiB)
 PACKAGE_LIMIT = 500 * 1024 * 1024
 _TERMINAL_RAY = ("STOPPED", "SUCCEEDED", "FAILED")
@@ -98,7 +98,7 @@ class RayBackend(JobBackend):
                        "checkpoint_dir": job.checkpoint_dir, "secret_names": list(job.secrets),
                        "pending_timeout_s": opts.pending_timeout_s}
         env_vars = {str(k): str(v) for k, v in (opts.runtime_env.get("env_vars") or {}).items()}
-        shown = {"entrypoint": ENTRYPOINT, "submission_id": request.job_id,
+        shown = {"entrypoint": f"{opts.driver_python} {DRIVER}", "submission_id": request.job_id,
                  "runtime_env": {**opts.runtime_env, "working_dir": "gcs://_ray_pkg_<hash of the workdir, "
                                  "the node scripts and the driver>.zip",
                                  "env_vars": {**env_vars, **{s: "<secret, from this shell>" for s in job.secrets}}},
@@ -111,7 +111,8 @@ class RayBackend(JobBackend):
                 "env_names": sorted(job.env), "secret_names": list(job.secrets), "backend": self.name,
                 "ray_address": self.api.address, "ray_root": root}
         return JobPlan(request, out, info, {"contexts": contexts, "files": files, "driver": driver_plan,
-                                            "runtime_env": opts.runtime_env, "env_vars": env_vars})
+                                            "runtime_env": opts.runtime_env, "env_vars": env_vars,
+                                            "entrypoint": f"{opts.driver_python} {DRIVER}"})
 
     def metadata(self, job_id: str) -> dict[str, str]:
         return {"gtrain_cluster": self.cluster.id, "gtrain_job": job_id, "gtrain": "1"}
@@ -171,7 +172,7 @@ class RayBackend(JobBackend):
         runtime_env = {**plan.private["runtime_env"], "working_dir": uri}
         if env_vars:
             runtime_env["env_vars"] = env_vars
-        body = {"entrypoint": ENTRYPOINT, "submission_id": sid, "runtime_env": runtime_env,
+        body = {"entrypoint": plan.private["entrypoint"], "submission_id": sid, "runtime_env": runtime_env,
                 "metadata": self.metadata(plan.job_id), "entrypoint_num_cpus": 0}
         api.submit(body)
         store = self.provider.store

@@ -76,14 +76,17 @@ class NodePart:
         tokens = {"__GTRAIN_RAY_PYTHON__": sys.executable}
         tokens.update({f"__GTRAIN_RAY_IP_{i}__": ip for i, ip in enumerate(ips)})
         scripts = os.path.join(self.src, "_gtrain", f"node-{self.k}")
-        for name in os.listdir(scripts):
-            with open(os.path.join(scripts, name)) as f:
-                text = f.read()
-            for tok in sorted(tokens, key=len, reverse=True):
-                text = text.replace(tok, tokens[tok])
-            with open(f"{self.job_dir}/{name}", "w") as f:
-                f.write(text)
-            os.chmod(f"{self.job_dir}/{name}", 0o700)
+        for top, _dirs, names in os.walk(scripts):
+            for name in names:
+                rel = os.path.relpath(os.path.join(top, name), scripts)
+                with open(os.path.join(top, name)) as f:
+                    text = f.read()
+                for tok in sorted(tokens, key=len, reverse=True):
+                    text = text.replace(tok, tokens[tok])
+                os.makedirs(os.path.dirname(f"{self.job_dir}/{rel}"), exist_ok=True)
+                with open(f"{self.job_dir}/{rel}", "w") as f:
+                    f.write(text)
+                os.chmod(f"{self.job_dir}/{rel}", 0o700)
         secrets = b"".join(f"{n}={os.environ.get(n, '')}".encode() + b"\x00" for n in self.plan["secret_names"])
         launch = subprocess.Popen(["bash", "-c", 'exec bash "$1/launch.sh" >"$1/node.log" 2>&1', "_", self.job_dir],
                                   stdin=subprocess.PIPE, start_new_session=True, cwd=self.base)

@@ -37,6 +37,8 @@ class RayOptions(BaseModel):
     cpus_per_node: float = Field(1, ge=0, description="CPUs each node's bundle reserves")
     root: str = Field("/tmp/gtrain-ray", description="where each Ray node keeps the job's scripts, logs and "
                       "workdir copy (an absolute path)")
+    driver_python: str = Field("python", description="the interpreter (with ray) the job's entrypoint runs on "
+                               "the head node, as in Ray's own examples")
     pending_timeout_s: float = Field(600, gt=0, description="how long the placement group may wait to be placed "
                                      "before the job fails with Ray's reason")
     price_per_gpu_hour: float = Field(0.0, ge=0, description="$ per GPU-hour of the cluster's time up, for the "
@@ -55,6 +57,13 @@ class RayOptions(BaseModel):
         if not _SAFE_PATH.match(v) or v.rstrip("/") in ("", "/tmp") or ".." in v.split("/"):
             raise ValueError("must be an absolute path of letters, digits, '_', '.', '/', '-' (not / or /tmp)")
         return v.rstrip("/")
+
+    @field_validator("driver_python")
+    @classmethod
+    def _python(cls, v: str) -> str:
+        if not re.match(r"^[A-Za-z0-9_./+-]+$", v):
+            raise ValueError("must be an interpreter's name or path (letters, digits, '_', '.', '/', '+', '-')")
+        return v
 
     @field_validator("gpu_resource")
     @classmethod

@@ -61,7 +61,8 @@ def node_statuses(job: dict[str, Any] | None, log: DriverLog, n: int) -> tuple[l
         return [NodeJobStatus(k, JobState.CANCELLED, CANCEL_EXIT, "the Ray job is gone") for k in range(n)], \
             "the Ray job is gone from the cluster"
     status = str(job.get("status") or "PENDING")
-    message = str(job.get("message") or "").splitlines()[0][:500] if job.get("message") else ""
+    said = [ln.strip() for ln in str(job.get("message") or "").splitlines() if ln.strip()]
+    message = (said[0][:300] + (f" ... {said[-1][:300]}" if len(said) > 1 else "")) if said else ""
     if log.timeout:
         return [NodeJobStatus(k, JobState.FAILED, 124, "placement group not placed") for k in range(n)], \
             f"not placed: {log.timeout}"
