@@ -193,8 +193,9 @@ def main() -> int:
     if res:
         opts["resources"] = res
     cls = ray.remote(NodePart)
-    actors = [cls.options(**opts, scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=k),
-                          name=f"gtrain-{plan['submission_id']}-node-{k}").remote(k, plan) for k in range(n)]
+    actors = [cls.options(**opts, name=f"gtrain-{plan['submission_id']}-node-{k}",
+                          scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=k))
+              .remote(k, plan) for k in range(n)]
     where = ray.get([a.where.remote() for a in actors])
     for k, w in enumerate(where):
         say(f"placed node {k} on {w['ip']} (Ray node {w['node_id']})")
