@@ -252,6 +252,8 @@ class RayBackend(JobBackend):
                 if m and int(m.group(1)) == node:
                     r = None if m.group(2) == "-" else int(m.group(2))
                     mine.append(LogLine(node, r, m.group(3)))
+                elif node == 0 and states.DRIVER_SAYS.match(text):  # the driver's word on the whole job
+                    mine.append(LogLine(node, None, text))
             if not follow and tail is not None:
                 seen = max(seen, len(mine) - tail)
             for i, line in enumerate(mine):
@@ -266,7 +268,7 @@ class RayBackend(JobBackend):
             statuses, reason = states.node_statuses(rj, states.parse(logs), self.num_nodes)
             state, _ = aggregate(statuses)
             st = statuses[node]
-            if st.state is JobState.PENDING and st.detail != said:
+            if st.state is JobState.PENDING and st.detail.startswith("Ray job PENDING") and st.detail != said:
                 said = st.detail
                 yield LogLine(node, None, f"[gtrain] node {node} is pending ({st.detail})")
             if st.state.terminal or state.terminal:  # this snapshot of the log has all of the node's lines

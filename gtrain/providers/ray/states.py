@@ -18,6 +18,8 @@ _NODE_EXIT = re.compile(r"^\[gtrain\] node-exit (\d+) (\w+) (-?\d+|None)$")
 _NODE_LOST = re.compile(r"^\[gtrain\] node-lost (\d+): (.*)$")
 _PENDING = re.compile(r"^\[gtrain\] pending: (.*)$")
 _TIMEOUT = re.compile(r"^\[gtrain\] pending-timeout: (.*)$")
+#: the driver's lines a reader of the job's log is shown (on node 0): waiting, placed, a node lost, cancelled
+DRIVER_SAYS = re.compile(r"^\[gtrain\] (pending|pending-timeout|placed|node-lost|started|stopping|cancelled)\b")
 _PLACED = re.compile(r"^\[gtrain\] placed node (\d+) on (\S+)")
 
 
