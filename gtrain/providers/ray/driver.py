@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LOST_EXIT = 75
@@ -193,7 +194,7 @@ def main() -> int:
     if res:
         opts["resources"] = res
     cls = ray.remote(NodePart)
-    actors = [cls.options(**opts, name=f"gtrain-{plan['submission_id']}-node-{k}",
+    actors: list[Any] = [cls.options(**opts, name=f"gtrain-{plan['submission_id']}-node-{k}",
                           scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=k))
               .remote(k, plan) for k in range(n)]
     where = ray.get([a.where.remote() for a in actors])
