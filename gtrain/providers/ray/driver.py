@@ -33,7 +33,7 @@ LOST_EXIT = 75
 PENDING_EXIT = 124
 TERMINAL = ("succeeded", "failed", "cancelled")
 WATCH = ('while kill -0 "$1" 2>/dev/null; do sleep 0.5; done; '
-         'exec "$2" "$3" cancel "$4" 3 >/dev/null 2>&1')
+         'exec "$2" "$3" cancel "$4" 2 >/dev/null 2>&1')
 
 
 def say(msg: str) -> None:
@@ -167,9 +167,10 @@ def main() -> int:
     def on_term(signum: int, frame: object) -> None:
         stopping["now"] = True
 
+    ray.init(log_to_driver=False)
+    # after ray.init, which sets its own SIGTERM handler (sys.exit): a stop must end every node's part first
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
-    ray.init(log_to_driver=False)
     n, bundle = int(plan["num_nodes"]), dict(plan["bundle"])
     pg = placement_group([dict(bundle) for _ in range(n)], strategy=plan["strategy"],
                          name=f"gtrain-{plan['submission_id']}")
@@ -218,7 +219,7 @@ def main() -> int:
     while len(states) + len(lost) < n:
         if stopping["now"] and not stopped:
             stopped = True
-            stop_all(2)
+            stop_all(1)
         refs = {k: actors[k].poll.remote() for k in range(n) if k not in states and k not in lost}
         for k, ref in refs.items():
             try:

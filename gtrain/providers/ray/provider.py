@@ -26,6 +26,10 @@ if TYPE_CHECKING:
     from gtrain.state import Cluster, CostInterval
 
 
+#: how long a node's watchdog takes at most to end what its dead actor left (see driver.WATCH)
+WATCHDOG_S = 5.0
+
+
 class RayProvider(Provider):
     name = "ray"
 
@@ -109,6 +113,10 @@ class RayProvider(Provider):
             if not live:
                 break
             time.sleep(0.3)
+        if rj.get("status") == "STOPPED" and "[gtrain] cancelled" not in api.logs(sid):
+            # the driver was killed before it stopped the nodes' parts: each actor's watchdog does (poll 0.5 s,
+            # SIGTERM, 2 s grace, SIGKILL)
+            time.sleep(WATCHDOG_S)
 
     def terminate(self, cluster: Cluster) -> None:
         info = cluster.extra.get("ray") or {}
