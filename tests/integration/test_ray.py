@@ -56,6 +56,20 @@ def job_processes(job_id: str) -> list[int]:
     return out
 
 
+def describe_processes(pids: list[int]) -> list[str]:
+    out = []
+    for pid in pids:
+        try:
+            env = dict(x.split("=", 1) for x in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in x)
+            cmd = Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")[:120]
+        except OSError:
+            continue
+        out.append(f"{pid} node {env.get('GTRAIN_NODE_RANK')}: {cmd}")
+    watch = subprocess.run("ps -eo pid,args | grep 'kill -0' | grep -v grep", shell=True, capture_output=True,
+                           text=True).stdout
+    return [*out, f"watchdogs: {watch}"]
+
+
 def live_actors(address: str) -> list[dict[str, Any]]:
     with urllib.request.urlopen(f"{address}/api/v0/actors?detail=1&limit=1000", timeout=10) as r:
         doc = json.load(r)
@@ -159,7 +173,7 @@ def test_a_worker_node_killed_mid_run_is_preempted(ray_cluster: Any, tmp_path: P
         assert job["status"] == "preempted", job
         deadline = time.monotonic() + 30
         while job_processes(job["id"]):  # the surviving node's part was stopped; the dead node's by its watchdog
-            assert time.monotonic() < deadline, job_processes(job["id"])
+            assert time.monotonic() < deadline, describe_processes(job_processes(job["id"]))
             time.sleep(0.5)
     finally:
         assert cli(tmp_path, "down", "ray-kill", "--yes").returncode == 0
