@@ -18,6 +18,7 @@ REGISTRY: dict[str, str] = {
     "kubernetes": "gtrain.providers.kubernetes:KubernetesProvider",
     "lambda": "gtrain.providers.lambda_cloud:LambdaProvider",
     "azure": "gtrain.providers.azure:AzureProvider",
+    "ray": "gtrain.providers.ray:RayProvider",
 }
 
 #: names a spec may give that no registered provider serves yet, with what to say

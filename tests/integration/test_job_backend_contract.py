@@ -7,6 +7,7 @@ test module and plugs in through the ``gtrain.providers`` entry point).
 Every step goes through the public seams: ``gtrain.up/launch/wait/down`` and the cluster's
 :class:`~gtrain.jobs.backend.JobBackend` (``dryrun``, ``submit``, ``describe``, ``log_iter``, ``cancel``).
 The job is a real 2-node x 2-process torchrun launch (tests/integration/jobs/contract.py); nothing is mocked.
+``ray`` runs on a real Ray cluster (tests/fixtures/ray.py).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from gtrain.state import Job as JobRecord
 JOBS = Path(__file__).parent / "jobs"
 RELAY = Path(__file__).parent / "node_relay.py"
 AZURE_RELAY = Path(__file__).parent / "azure_relay.py"
-BACKENDS = ["local", "ssh", "aws", "gcp", "lambda", "azure", "fake", "slurm", "kubernetes"]
+BACKENDS = ["local", "ssh", "aws", "gcp", "lambda", "azure", "fake", "slurm", "kubernetes", "ray"]
 
 
 def _job(work: Path) -> dict[str, Any]:
@@ -62,6 +63,12 @@ def spec_for(provider: str, request: pytest.FixtureRequest, tmp: Path, work: Pat
         os.environ["KUBECONFIG"] = str(kube.kubeconfig(tmp / "kubeconfig"))
         base["job"]["image"] = "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
         base["kubernetes"] = {"shm_gb": 0}
+        return base
+    if provider == "ray":  # tests/fixtures/ray.py: a real Ray cluster (head + 2 workers offering fake_gpu)
+        ray = request.getfixturevalue("ray_cluster")
+        base["resources"] = {"accelerators": "A100:2"}
+        base["ray"] = {"address": ray.address, "gpu_resource": "fake_gpu", "driver_python": sys.executable,
+                       "root": str(tmp / "ray-nodes")}
         return base
     if provider == "ssh":
         hosts = request.getfixturevalue("ssh_hosts")
@@ -195,7 +202,7 @@ def processes_of(name: str, job_id: str) -> list[str]:
     """Every process on every node whose environment names the job (anything left running)."""
     def on_nodes(ctx: Context, b: JobBackend) -> list[str]:
         out: list[str] = []
-        if b.name == "kubernetes":  # no runners (pods are the fake kubelet's processes): this machine's /proc
+        if b.name in ("kubernetes", "ray"):  # no runners (pods, Ray nodes: processes of this machine): its /proc
             import subprocess
 
             got = subprocess.run(f"grep -las 'GTRAIN_JOB_ID={job_id}' /proc/[0-9]*/environ || true", shell=True,

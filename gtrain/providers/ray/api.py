@@ -1,0 +1,144 @@
+"""The Ray Jobs REST API and the dashboard's state API over the standard library's HTTP client (no ``ray``
+package on the gtrain side), and their errors as gtrain's.
+
+Endpoints used (Ray's "Ray Jobs REST API" reference, https://docs.ray.io/en/latest/cluster/running-applications/
+job-submission/rest.html, and the state API behind ``ray list nodes/actors``,
+https://docs.ray.io/en/latest/ray-observability/reference/api.html): ``GET /api/version``,
+``GET /api/v0/nodes``, ``GET /api/v0/actors``, ``PUT /api/packages/gcs/<name>.zip`` (the upload
+``JobSubmissionClient`` does for a local ``working_dir``), ``POST /api/jobs/``, ``GET /api/jobs/{id}``,
+``GET /api/jobs/{id}/logs``, ``GET /api/jobs/``, ``POST /api/jobs/{id}/stop``."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+from gtrain.errors import ConfigError, ProviderError
+
+#: the oldest Ray whose Jobs REST API and state API gtrain uses as documented
+MIN_VERSION = (2, 9)
+TIMEOUT_S = 15.0
+
+
+class NotFound(ProviderError):
+    pass
+
+
+class RayAPI:
+    """One Ray cluster's dashboard (``http://head:8265``)."""
+
+    def __init__(self, address: str, timeout: float = TIMEOUT_S) -> None:
+        self.address = address.rstrip("/")
+        self.timeout = timeout
+
+    def request(self, method: str, path: str, body: Any = None, *, raw: bytes | None = None,
+                doing: str = "") -> Any:
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        req = urllib.request.Request(self.address + path, data=data, method=method)
+        if data is not None:
+            req.add_header("Content-Type", "application/octet-stream" if raw is not None else "application/json")
+        doing = doing or f"{method} {path}"
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:  # noqa: S310 (http(s) checked)
+                text = resp.read().decode("utf-8", "replace")
+        except urllib.error.HTTPError as e:
+            detail = e.read().decode("utf-8", "replace")[-2000:].strip()
+            if e.code == 404:
+                raise NotFound(f"ray: {doing}: not found ({detail or 404})") from None
+            if e.code in (400, 422):
+                raise ConfigError(f"ray: {doing}: the Ray cluster refused the request: {detail}",
+                                  hint="check ray.runtime_env and the job section", field="ray.runtime_env") from None
+            raise ProviderError(f"ray: {doing}: HTTP {e.code} from {self.address}: {detail[-500:]}") from None
+        except (urllib.error.URLError, OSError, TimeoutError) as e:
+            why = getattr(e, "reason", None) or e
+            raise ProviderError(f"ray: {doing}: the Ray dashboard at {self.address} does not answer ({why})",
+                                hint="is the cluster up and ray.address (or RAY_ADDRESS) its dashboard "
+                                     "(`ray start --head` serves it on port 8265)?") from None
+        if not text:
+            return None
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text
+
+    # ---- cluster ---------------------------------------------------------------------------------
+
+    def version(self) -> str:
+        doc = self.request("GET", "/api/version", doing="ask the Ray version")
+        if not isinstance(doc, dict) or "ray_version" not in doc:
+            raise ProviderError(f"ray: {self.address} answers, but not as a Ray dashboard (no /api/version)",
+                                hint="ray.address is the dashboard (port 8265 by default), not the GCS port")
+        return str(doc["ray_version"])
+
+    def nodes(self) -> list[dict[str, Any]]:
+        doc = self.request("GET", "/api/v0/nodes?detail=1&limit=10000", doing="list the Ray nodes")
+        return list(((doc or {}).get("data") or {}).get("result", {}).get("result") or [])
+
+    def actors(self, job_hex: str | None = None) -> list[dict[str, Any]]:
+        q = "/api/v0/actors?detail=1&limit=10000"
+        if job_hex:
+            q += "&filter_keys=job_id&filter_predicates=%3D&filter_values=" + urllib.parse.quote(job_hex)
+        doc = self.request("GET", q, doing="list the Ray actors")
+        return list(((doc or {}).get("data") or {}).get("result", {}).get("result") or [])
+
+    # ---- jobs ------------------------------------------------------------------------------------
+
+    def upload_package(self, name: str, data: bytes) -> str:
+        """Upload a working_dir zip as ``gcs://name`` (what ``JobSubmissionClient`` does) unless it is there."""
+        path = f"/api/packages/gcs/{urllib.parse.quote(name)}"
+        try:
+            self.request("GET", path, doing="look up the workdir package")
+            return f"gcs://{name}"
+        except NotFound:
+            pass
+        self.request("PUT", path, raw=data, doing=f"upload the workdir ({len(data) // 1024} KiB)")
+        return f"gcs://{name}"
+
+    def submit(self, body: dict[str, Any]) -> str:
+        doc = self.request("POST", "/api/jobs/", body, doing=f"submit job {body.get('submission_id')}")
+        return str((doc or {}).get("submission_id") or body.get("submission_id"))
+
+    def job(self, submission_id: str) -> dict[str, Any] | None:
+        try:
+            return dict(self.request("GET", f"/api/jobs/{urllib.parse.quote(submission_id)}",
+                                     doing=f"get job {submission_id}"))
+        except NotFound:
+            return None
+
+    def jobs(self) -> list[dict[str, Any]]:
+        doc = self.request("GET", "/api/jobs/", doing="list the Ray jobs")
+        return list(doc or [])
+
+    def logs(self, submission_id: str) -> str:
+        try:
+            doc = self.request("GET", f"/api/jobs/{urllib.parse.quote(submission_id)}/logs",
+                               doing=f"read the logs of job {submission_id}")
+        except NotFound:
+            return ""
+        return str((doc or {}).get("logs") or "")
+
+    def stop(self, submission_id: str) -> bool:
+        try:
+            doc = self.request("POST", f"/api/jobs/{urllib.parse.quote(submission_id)}/stop",
+                               doing=f"stop job {submission_id}")
+        except NotFound:
+            return False
+        return bool((doc or {}).get("stopped"))
+
+
+def version_tuple(v: str) -> tuple[int, ...]:
+    out = []
+    for part in v.split(".")[:3]:
+        digits = "".join(ch for ch in part if ch.isdigit())
+        out.append(int(digits or 0))
+    return tuple(out)
+
+
+def check_version(v: str, address: str) -> None:
+    if version_tuple(v)[:2] < MIN_VERSION:
+        raise ProviderError(f"ray: the cluster at {address} runs Ray {v}; gtrain needs Ray "
+                            f"{'.'.join(map(str, MIN_VERSION))} or newer (its Jobs REST and state APIs)",
+                            hint="upgrade the cluster's Ray, or use another provider")
