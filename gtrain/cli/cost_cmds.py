@@ -108,11 +108,16 @@ def catalog(
         names = ", ".join(cat.gpu_names(provider))
         out.say(f"no offers match. GPU names in the catalog: {names}")
         return
-    out.table(None, ["provider", "instance type", "GPUs", "GPU mem", "vCPUs", "mem GiB", "region", "$/h",
-                     "spot $/h*"],
-              [[o.provider, o.instance_type,
-                o.accelerators, f"{o.gpu_memory_gib:g}", o.vcpus, f"{o.memory_gib:g}", o.region,
-                out.fmt_usd(o.price_ondemand), out.fmt_usd(o.price_spot)] for o in rows])
+    columns = ["provider", "instance type", "GPUs", "GPU mem", "vCPUs", "mem GiB", "region", "$/h", "spot $/h*"]
+    cells = [[o.provider, o.instance_type, o.accelerators, f"{o.gpu_memory_gib:g}", o.vcpus, f"{o.memory_gib:g}",
+              o.region, out.fmt_usd(o.price_ondemand), out.fmt_usd(o.price_spot)] for o in rows]
+    limit = out.width_limit()
+    if limit and max(len(ln) for ln in out.render_table(columns, cells, limit)) > limit:
+        # Azure's long size names (Standard_NC40ads_H100_v5) leave no room for the host's CPUs and memory in 80
+        # columns: those go (--json has them) rather than a broken word
+        columns = columns[:4] + columns[6:]
+        cells = [r[:4] + r[6:] for r in cells]
+    out.table(None, columns, cells)
     out.say(f"prices: catalog snapshot {cat.snapshot_date(provider)}; * spot prices are estimates")
 
 

@@ -58,7 +58,7 @@ def test_name_override(tmp_path: Path) -> None:
         ("name: Demo_1\n", "name", "a-z, 0-9"),
         ("name: demo\nnum_nodse: 2\n", "num_nodse", "did you mean 'num_nodes'"),
         ("name: demo\njob: {run: t.py, enf: {}}\n", "job.enf", "did you mean 'env'"),
-        ("name: demo\nprovider: azure\n", "provider", "'azure' is not one of"),
+        ("name: demo\nprovider: oracle\n", "provider", "'oracle' is not one of"),
         ("name: demo\njob: {run: t.py, checkpoint_dir: /abs}\n", "job.checkpoint_dir", "relative"),
         ("name: demo\njob: {run: t.py, env: {RANK: '1'}}\n", "job.env", "set by gtrain"),
         ("name: demo\njob: {run: t.py, env: {'BAD-NAME': x}}\n", "job.env", "not a valid environment variable"),
