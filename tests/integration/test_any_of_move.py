@@ -26,12 +26,13 @@ from gtrain.checkpoints.store import Store
 from gtrain.jobs.backend import LogLine
 from gtrain.remote.nodeside import job_pids
 from tests.fake_provider import installed, tagged
+from tests.integration.durable_nodes import run_key
 
 JOBS = Path(__file__).parent / "jobs"
 STEPS, EVERY = 12, 3
 
 
-def lose_node1_when_checkpointed(cloud: Path, store: str, after: str) -> threading.Thread:
+def lose_node1_when_checkpointed(cloud: Path, store: str, key: str, after: str) -> threading.Thread:
     """Once checkpoint ``after`` is complete in the store: the fake region runs out of capacity, and node 1's
     instance goes with its processes."""
     def run() -> None:
@@ -41,7 +42,7 @@ def lose_node1_when_checkpointed(cloud: Path, store: str, after: str) -> threadi
             jobs = list((node1[0] / "root" / "jobs").glob("*/pid")) if node1 else []
             if jobs:
                 job_dir = jobs[0].parent
-                st = Store(store, job_dir.name)
+                st = Store(store, key)  # the run's folder: <cluster>/<run_id>
                 names = [c.name for c in st.checkpoints() if c.complete]
                 st.close()
                 if after in names:
@@ -85,7 +86,7 @@ def test_no_capacity_to_replace_a_lost_node_moves_the_run_to_the_next_candidate(
     f.write_text(json.dumps(spec))
     cloud = tmp_path / "cloud"
     with installed(cloud):
-        killer = lose_node1_when_checkpointed(cloud, store, "step-0003.pt")
+        killer = lose_node1_when_checkpointed(cloud, store, run_key(f), "step-0003.pt")
         lines: list[LogLine] = []
         res = gtrain.run(f, to=tmp_path / "out", on_line=lines.append, keep=True)
         killer.join(timeout=1)

@@ -85,7 +85,7 @@ def test_spot_loss_on_aws_without_capacity_moves_the_run_to_gcp_same_weights(  #
             if host1.own_home:
                 subprocess.run(host1.in_host("sh", "-c", "rm -rf ~/gtrain/hop"), check=False)
 
-        killer = dn.when_in_store(store, job.job_id, "step-0003.pt", interrupt)
+        killer = dn.when_in_store(store, dn.run_key(spec), "step-0003.pt", interrupt)
         lines: list[LogLine] = []
         final = gtrain.wait("hop", job_id=job.job_id, on_line=lines.append, report=notes)
         killer.join(timeout=1)
