@@ -1,6 +1,7 @@
 """``resources.any_of`` across clouds: AWS on the session's moto server (capacity errors injected at the HTTP
-edge, as in test_aws.py) and GCP on the fake Compute Engine (tests/fixtures/fake_gce.py). Each cloud is one
-row of CLOUDS: a new provider's candidate (lambda, azure) is one more row, with the hook that makes it run out.
+edge, as in test_aws.py), GCP on the fake Compute Engine (tests/fixtures/fake_gce.py), Lambda on the fake Lambda
+Cloud API (tests/fixtures/fake_lambda.py) and Azure on the fake ARM (tests/fixtures/fake_arm.py). Each cloud is
+one row of CLOUDS, with the hook that makes it run out: four candidates, the last one lands.
 """
 
 from __future__ import annotations
@@ -23,21 +24,27 @@ from gtrain.providers.aws import TAG_CLUSTER, AWSProvider
 from gtrain.providers.gcp.provider import GCPProvider
 from gtrain.spec import ClusterSpec, parse_spec
 from gtrain.state import StateStore
+from tests.fixtures.fake_arm import Failure, FakeARM
 from tests.fixtures.fake_gce import FakeGCE
+from tests.fixtures.fake_lambda import FakeLambda
 from tests.integration.test_aws import fail_run_instances
 
-pytestmark = pytest.mark.usefixtures("moto_server", "fake_gce")
+pytestmark = pytest.mark.usefixtures("moto_server", "fake_gce", "fake_lambda", "fake_arm")
 
 SECTIONS = {"aws": {"ssh_cidr": "198.51.100.7/32", "wait_ssh": False, "poll_s": 0.2},
-            "gcp": {"ssh_cidr": "198.51.100.7/32", "wait_ssh": False, "poll_s": 0.05}}
+            "gcp": {"ssh_cidr": "198.51.100.7/32", "wait_ssh": False, "poll_s": 0.05},
+            "lambda": {"wait_ssh": False, "poll_s": 0.05},
+            "azure": {"ssh_cidr": "198.51.100.7/32", "wait_ssh": False, "poll_s": 0.05}}
 
 
 class Clouds:
     """The providers of one test, and a switch per candidate that takes its capacity away."""
 
-    def __init__(self, fake_gce: FakeGCE) -> None:
+    def __init__(self, fake_gce: FakeGCE, fake_lambda: FakeLambda, fake_arm: FakeARM) -> None:
         self.session = boto3.Session()
         self.gce = fake_gce
+        self.lam = fake_lambda
+        self.arm = fake_arm
         self.full_aws_zones: set[str] = set()
         fail_run_instances(self.session, "InsufficientInstanceCapacity", lambda z, n: z in self.full_aws_zones)
         self.ctx = Context(store=StateStore())
@@ -53,6 +60,11 @@ CLOUDS: list[tuple[dict[str, Any], Callable[[Clouds], None]]] = [
      lambda c: c.full_aws_zones.add("us-west-2a")),
     ({"provider": "gcp", "region": "us-central1", "zones": ["us-central1-a"], "accelerators": "T4:1"},
      lambda c: c.gce.fail_inserts("ZONE_RESOURCE_POOL_EXHAUSTED", "us-central1-a")),
+    ({"provider": "lambda", "region": "us-east-1", "accelerators": "A10:1"},
+     lambda c: c.lam.fail.update({"us-east-1": "capacity"})),
+    ({"provider": "azure", "region": "eastus", "accelerators": "T4:1"},
+     lambda c: c.arm.fail_vms.append(Failure("eastus", "AllocationFailed", "Allocation failed. We do not have "
+                                             "sufficient capacity for the requested VM size in this region."))),
 ]
 
 
@@ -73,8 +85,9 @@ def aws_instances(cid: str) -> list[str]:
     return out
 
 
-def test_capacity_errors_move_up_to_the_last_candidate(fake_gce: FakeGCE) -> None:
-    clouds = Clouds(fake_gce)
+def test_capacity_errors_move_up_to_the_last_candidate(fake_gce: FakeGCE, fake_lambda: FakeLambda,
+        fake_arm: FakeARM) -> None:
+    clouds = Clouds(fake_gce, fake_lambda, fake_arm)
     for _cand, run_out in CLOUDS[:-1]:
         run_out(clouds)
     s = spec("anyof-last", [c for c, _ in CLOUDS])
@@ -91,15 +104,18 @@ def test_capacity_errors_move_up_to_the_last_candidate(fake_gce: FakeGCE) -> Non
     assert len(clouds.ctx.store.nodes(c.id)) == 2
     # status and the cost report say where it landed and why the others were passed over
     st = core.status(clouds.ctx, s.name, refresh=False)[0]
-    assert st["provider"] == "gcp" and [x["outcome"] for x in st["placement"]["candidates"]][-1] == "landed"
+    last = CLOUDS[-1][0]["provider"]
+    assert st["provider"] == last and [x["outcome"] for x in st["placement"]["candidates"]][-1] == "landed"
     down = core.down(s.name, clouds.ctx)
-    assert down.cost.provider == "gcp" and down.cost.to_dict()["placement"]["candidates"][0]["outcome"] == \
+    assert down.cost.provider == last and down.cost.to_dict()["placement"]["candidates"][0]["outcome"] == \
         "no capacity"
     assert fake_gce.of_cluster(c.id) == {"instance": [], "firewall": []}
+    assert clouds.lam.of_cluster(c.id) == {"instance": [], "ssh-key": []} and clouds.arm.of_cluster(c.id) == []
 
 
-def test_no_candidate_has_capacity_lists_every_one_and_leaves_nothing(fake_gce: FakeGCE) -> None:
-    clouds = Clouds(fake_gce)
+def test_no_candidate_has_capacity_lists_every_one_and_leaves_nothing(fake_gce: FakeGCE, fake_lambda: FakeLambda,
+        fake_arm: FakeARM) -> None:
+    clouds = Clouds(fake_gce, fake_lambda, fake_arm)
     for _cand, run_out in CLOUDS:
         run_out(clouds)
     s = spec("anyof-none", [c for c, _ in CLOUDS])
@@ -110,10 +126,12 @@ def test_no_candidate_has_capacity_lists_every_one_and_leaves_nothing(fake_gce: 
     c = clouds.ctx.store.find_cluster(s.name)
     assert c is not None and c.status == "terminated"
     assert aws_instances(c.id) == [] and fake_gce.of_cluster(c.id) == {"instance": [], "firewall": []}
+    assert clouds.lam.of_cluster(c.id) == {"instance": [], "ssh-key": []} and clouds.arm.of_cluster(c.id) == []
 
 
-def test_dry_run_prices_every_candidate_and_picks_the_cheapest(fake_gce: FakeGCE, tmp_path: Path) -> None:
-    clouds = Clouds(fake_gce)
+def test_dry_run_prices_every_candidate_and_picks_the_cheapest(fake_gce: FakeGCE, fake_lambda: FakeLambda,
+        fake_arm: FakeARM, tmp_path: Path) -> None:
+    clouds = Clouds(fake_gce, fake_lambda, fake_arm)
     s = spec("anyof-price", [c for c, _ in CLOUDS], order="price")
     res = core.up(s, clouds.ctx, dry_run=True)
     assert res.cluster is None and res.placement is not None
