@@ -158,3 +158,44 @@ def test_dry_run_prices_every_candidate_and_picks_the_cheapest(fake_gce: FakeGCE
     got = json.loads(c.stdout)["placement"]["candidates"]
     assert [(x["label"], x["cluster_price_per_hour"], x["outcome"]) for x in got] == \
         [(x["label"], x["cluster_price_per_hour"], x["outcome"]) for x in cands]
+
+
+def answer_quota(session: boto3.Session, values: dict[str, float]) -> list[str]:
+    """Answer Service Quotas GetServiceQuota with ``values[code]`` (moto serves only VPC quotas), shaped as the
+    API reference's Quota object; the codes asked are returned."""
+    from botocore.awsrequest import AWSResponse
+
+    asked: list[str] = []
+
+    def hook(params: dict[str, Any], model: Any, **_: Any) -> Any:
+        body = json.loads(params.get("body") or b"{}")
+        code = body.get("QuotaCode", "")
+        asked.append(code)
+        http = AWSResponse(params.get("url", ""), 200, {}, None)
+        return http, {"Quota": {"ServiceCode": "ec2", "QuotaCode": code, "QuotaName": f"quota {code}",
+                                "Value": values.get(code, 0.0), "Unit": "None"},
+                      "ResponseMetadata": {"HTTPStatusCode": 200}}
+
+    session.events.register("before-call.service-quotas.GetServiceQuota", hook)
+    return asked
+
+
+def test_quota_precheck_skips_aws_and_gcp_before_anything_is_made(fake_gce: FakeGCE, fake_lambda: FakeLambda,
+        fake_arm: FakeARM) -> None:
+    clouds = Clouds(fake_gce, fake_lambda, fake_arm)
+    asked = answer_quota(clouds.session, {})  # every EC2 vCPU quota 0: a new account
+    fake_gce.quotas["us-central1"] = {"NVIDIA_T4_GPUS": (4.0, 3.0)}  # 1 of 4 T4s free; 2 asked
+    inserts = len(fake_gce.inserts)
+    s = spec("anyof-quota", [c for c, _ in CLOUDS[1:]])  # aws us-west-2, gcp, lambda, azure
+    res = core.up(s, clouds.ctx)
+    c = res.cluster
+    assert c is not None and c.provider == "lambda" and c.status == "up"
+    cands = c.extra["any_of"]["candidates"]
+    assert [(x["provider"], x["outcome"]) for x in cands] == \
+        [("aws", "skipped"), ("gcp", "skipped"), ("lambda", "landed"), ("azure", "untried")]
+    assert "L-DB2E81BA" in cands[0]["why"] and "0 vCPUs; 8 asked" in cands[0]["why"], cands[0]
+    assert "NVIDIA_T4_GPUS in us-central1: 4, 3 in use, 2 GPUs asked" in cands[1]["why"], cands[1]
+    assert asked == ["L-DB2E81BA"]  # g5.xlarge: G and VT, on demand
+    assert aws_instances(c.id) == [] and len(fake_gce.inserts) == inserts  # nothing made where it was skipped
+    core.down(s.name, clouds.ctx)
+    assert clouds.lam.of_cluster(c.id) == {"instance": [], "ssh-key": []}

@@ -179,6 +179,11 @@ class EC2Clients:
                 self._clients[key] = c
             return c
 
+    def session(self, profile: str | None = None) -> Any:
+        """The boto3 session for ``profile`` (for the few calls that are not EC2: Service Quotas)."""
+        with self._lock:
+            return self._get_session(profile)
+
     def _get_session(self, profile: str | None) -> Any:
         if self._session is not None:
             return self._session

@@ -262,6 +262,25 @@ class AWSProvider(CloudProvider):
             add(r)
         return regions
 
+    def quota_check(self, spec: ClusterSpec, plan: Plan) -> str | None:
+        """The account's EC2 vCPU quota for the family (Service Quotas) cannot hold ``plan`` in any region."""
+        from gtrain import catalog
+        from gtrain.providers.aws.quota import shortfall
+
+        if not plan.instance_type:
+            return None
+        vcpus = next((o.vcpus for o in catalog.offers(provider="aws") if o.instance_type == plan.instance_type), None)
+        if vcpus is None:
+            return None
+        session = self.clients.session(aws_options(spec.aws).profile)
+        why: list[str] = []
+        for region in spec.resources.region_list() or ([plan.region] if plan.region else []):
+            short = shortfall(session, region, plan.instance_type, vcpus * plan.num_nodes, plan.market == "spot")
+            if short is None:
+                return None
+            why.append(short)
+        return "; ".join(why) or None
+
     def describe(self, cluster: Cluster) -> list[NodeStatus]:
         profile = api.profile_of(cluster)
         nodes = {n.rank: n for n in self.store.node_records(cluster.id)}

@@ -78,6 +78,7 @@ class GCEClients:
     global_operations: Any
     machine_types: Any = None  # None: zones come from the built-in table
     accelerator_types: Any = None
+    regions: Any = None  # None: no quota pre-check (resources.any_of)
 
 
 def make_clients(credentials: Any = None) -> GCEClients:
@@ -98,7 +99,8 @@ def make_clients(credentials: Any = None) -> GCEClients:
     with gce("creating the Compute Engine clients"):
         return GCEClients(compute_v1.InstancesClient(**kw), compute_v1.ZoneOperationsClient(**kw),
                           compute_v1.FirewallsClient(**kw), compute_v1.GlobalOperationsClient(**kw),
-                          compute_v1.MachineTypesClient(**kw), compute_v1.AcceleratorTypesClient(**kw))
+                          compute_v1.MachineTypesClient(**kw), compute_v1.AcceleratorTypesClient(**kw),
+                          compute_v1.RegionsClient(**kw))
 
 
 def default_project() -> str | None:

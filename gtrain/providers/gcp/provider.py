@@ -230,6 +230,32 @@ class GCPProvider(CloudProvider):
             made.append(fw.name)
         return made
 
+    # ---- quota (resources.any_of) ----
+
+    def quota_check(self, spec: ClusterSpec, plan: Plan) -> str | None:
+        """The project's regional GPU quota (regions.get) cannot hold ``plan`` in any region it may use."""
+        from gtrain import catalog
+        from gtrain.providers.gcp.quota import gpu_metric, shortfall
+
+        regions_client = self.compute.clients.regions
+        if regions_client is None or not plan.gpus_per_node or not plan.instance_type:
+            return None
+        acc = next((o.accelerator_type for o in catalog.offers(provider="gcp", region=plan.region)
+                    if o.instance_type == plan.instance_type and o.accelerator_type), None)
+        if acc is None:
+            return None
+        metric = gpu_metric(acc, plan.market == "spot")
+        project = self.project(gcp_options(spec.gcp))
+        why: list[str] = []
+        for region in spec.resources.region_list() or ([plan.region] if plan.region else []):
+            with gce(f"regions.get {region}"):
+                got = regions_client.get(project=project, region=region)
+            short = shortfall(got, metric, plan.gpus_per_node * plan.num_nodes)
+            if short is None:
+                return None
+            why.append(short)
+        return "; ".join(why) or None
+
     # ---- describe ----
 
     def describe(self, cluster: Cluster) -> list[NodeStatus]:
