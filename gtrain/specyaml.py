@@ -4,7 +4,7 @@
 - nesting deeper than :data:`MAX_DEPTH` is refused while it is composed (no ``RecursionError``);
 - aliases may not expand the document past :data:`MAX_VALUES` values (a "billion laughs" is refused in
   milliseconds, before anything walks or prints the expanded value), and may not refer to themselves;
-- a mapping of more than :data:`MAX_KEYS` keys is refused while it is composed;
+- a mapping of more than :data:`MAX_KEYS` keys, or a list of more items, is refused while it is composed;
 - a key given twice in one mapping is refused with both line numbers, at any depth;
 - the names and values of ``job.env`` are kept as the text written in the file (``0.00001``, ``0755``,
   ``yes``, ``12:30`` and ``1_000`` stay as they are; quoted and block scalars keep their spaces and
@@ -30,7 +30,8 @@ from gtrain.errors import ConfigError, dotted_path
 MAX_BYTES = 1 << 20  # 1 MiB: a spec is a few hundred bytes; a 512-host ssh list is ~30 KiB
 MAX_DEPTH = 50  # the deepest real field (ssh.hosts[K].host) is at depth 4
 MAX_VALUES = 50_000  # scalars + lists + mappings after alias expansion
-MAX_KEYS = 5_000  # keys of one mapping: the largest real one (job.env) has tens; composing 24,000 took ~1 s
+MAX_KEYS = 5_000  # keys of one mapping, items of one list: real ones hold tens (512 ssh hosts at most);
+#                  composing 24,000 keys or 45,000 items took over 1 s of CPU
 STR_TAG = "tag:yaml.org,2002:str"
 MERGE_TAG = "tag:yaml.org,2002:merge"
 NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
@@ -81,6 +82,10 @@ class _SpecLoader(_Base):
         if isinstance(parent, MappingNode) and isinstance(index, ScalarNode):
             self.path.append(index.value)
         elif isinstance(parent, SequenceNode):
+            if index >= MAX_KEYS:
+                raise self.refuse(self.peek_event().start_mark, f"a list of more than {MAX_KEYS:,} items",
+                                  "a spec's lists hold at most a few hundred items (ssh hosts, secrets); is this "
+                                  "the right file?", path=self.path[:2])
             self.path.append(index)
         else:
             self.path.append(None)  # a mapping's key, or the root: not a field of its own

@@ -200,10 +200,12 @@ def yaml_cases() -> list[Case]:
         ("merge-bad", "name: demo\nx:\n  <<: 5\n", "SPEC"),
         ("many-unknown", B + "".join(f"k{i}: 1\n" for i in range(4_000)), "more problem"),
         ("many-keys", B + "".join(f"k{i}: 1\n" for i in range(24_000)), "more than 5,000 keys"),
-        ("many-secrets", B + "job:\n  run: t.py\n  secrets: [" + ", ".join(f"S{i}" for i in range(45_000))
+        ("many-secrets", B + "job:\n  run: t.py\n  secrets: [" + ", ".join(f"S{i}" for i in range(4_500))
          + ", S1]\n", "job.secrets"),
-        ("secret-twice-many", B + "job:\n  run: t.py\n  secrets: [" + ", ".join(f"S{i % 20_000}" for i in range(40_000))
+        ("secret-twice-many", B + "job:\n  run: t.py\n  secrets: [" + ", ".join(f"S{i % 2_000}" for i in range(4_000))
          + "]\n", "more"),
+        ("many-items", B + "job:\n  run: t.py\n  secrets: [" + ", ".join(f"S{i}" for i in range(45_000))
+         + "]\n", "more than 5,000 items"),
         ("env-many-bad", B + "job:\n  run: t.py\n  env: {" + ", ".join(f"'{i}x': v" for i in range(5000)) + "}\n",
          "job.env"),
     ]
