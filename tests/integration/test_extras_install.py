@@ -59,3 +59,32 @@ def test_aws_extra_syncs_to_a_bucket(tmp_path: Path, wheel: Path, seaweedfs, wee
     (src / "a.txt").write_text("hello")
     r = _gtrain(v, "sync", str(src), f"s3://{weed_bucket}/x", env=seaweedfs.env())
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+#: provider extra -> (its spec, one more command that reaches the extra's own packages, or None)
+PROVIDER_EXTRAS = {
+    "lambda": ("name: lam\nprovider: lambda\nnum_nodes: 2\nresources: {accelerators: 'A10:1'}\n", None),
+    "azure": ("name: az\nprovider: azure\nnum_nodes: 2\nresources: {accelerators: 'A100:8', region: eastus}\n",
+              ("gc", "--provider", "azure")),  # no login here: azure-identity's credential chain runs and fails
+    "kubernetes": ("name: k8\nprovider: kubernetes\nnum_nodes: 2\nresources: {accelerators: 'H100:8'}\n"
+                   "job: {image: 'nvcr.io/nvidia/pytorch:25.01-py3', run: train.py}\n", None),
+    "ray": ("name: rr\nprovider: ray\nnum_nodes: 2\nray: {address: 'http://127.0.0.1:9'}\n", None),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", sorted(PROVIDER_EXTRAS))
+def test_provider_extra_alone_plans_offline(tmp_path: Path, wheel: Path, extra: str) -> None:
+    spec_text, more = PROVIDER_EXTRAS[extra]
+    v = _venv(tmp_path, wheel, extra)
+    (tmp_path / "spec.yaml").write_text(spec_text)
+    (tmp_path / "train.py").write_text("print(1)\n")
+    env = {"GTRAIN_HOME": str(tmp_path / "home"), "LAMBDA_API_KEY": "", "LAMBDA_API_URL": "http://127.0.0.1:9",
+           "AZURE_SUBSCRIPTION_ID": "00000000-0000-0000-0000-000000000000", "KUBECONFIG": str(tmp_path / "none")}
+    r = _gtrain(v, "up", "--dry-run", str(tmp_path / "spec.yaml"), env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert extra in r.stdout and "this is a bug" not in r.stderr
+    if more is not None:
+        r = _gtrain(v, *more, env=env)
+        assert r.returncode in (1, 2) and r.stderr.startswith("Error: ") and "Traceback" not in r.stderr, r.stderr
+        assert "not installed" not in r.stderr and "pip install" not in r.stderr, r.stderr  # the extra is complete

@@ -127,6 +127,11 @@ class ARM_Client:  # noqa: N801 - ARM is a name
                     raise CredentialsError("azure: no credentials: azure-identity is not installed and "
                                            f"{TOKEN_ENV} is not set",
                                            hint="pip install 'gtrain[azure]', then `az login`") from None
+                import logging
+
+                # azure-identity logs each failed credential to stderr (Python's last-resort handler): the one
+                # CredentialsError below says it, with the fix
+                logging.getLogger("azure.identity").setLevel(logging.ERROR)
                 cred = self.credential = DefaultAzureCredential()
             try:
                 tok = cred.get_token(SCOPE)
