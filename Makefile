@@ -24,7 +24,7 @@ demo: setup
 	$(PY) -m gtrain run examples/quickstart/spec.yaml --to quickstart-checkpoints
 
 test: deps setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=40
 
 test-unit: setup
 	$(PY) -m pytest -q tests/unit

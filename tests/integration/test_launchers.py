@@ -25,8 +25,26 @@ rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 print("probe " + json.dumps({k: os.environ.get(k) for k in keys}), flush=True)
 print(f"probe stderr rank {rank}", file=sys.stderr, flush=True)
 code = int(sys.argv[1]) if len(sys.argv) > 1 else 0
-if rank == world - 1 and code:
-    sys.exit(code)
+if code:  # the failing rank ends only after every other rank has ended 0: no peer is stopped mid-way
+    import tempfile, time
+    d = os.path.join(tempfile.gettempdir(), "gtrain-probe-" + os.environ["GTRAIN_JOB_ID"])
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, f".{rank}"), "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(os.path.join(d, f".{rank}"), os.path.join(d, str(rank)))
+    if rank == world - 1:
+        def ended(r):
+            if not os.path.exists(os.path.join(d, str(r))):
+                return False
+            pid = int(open(os.path.join(d, str(r))).read())
+            try:
+                return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+            except OSError:
+                return True
+        deadline = time.time() + 120
+        while not all(ended(r) for r in range(world - 1)) and time.time() < deadline:
+            time.sleep(0.05)
+        sys.exit(code)
 '''
 HAVE = {m: importlib.util.find_spec(m) is not None for m in ("accelerate", "deepspeed", "jax")}
 

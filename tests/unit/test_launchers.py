@@ -171,3 +171,27 @@ def test_accelerate_config_that_sets_gtrains_fields_warns(tmp_path: Path) -> Non
     cmd = render_all(_contexts(tmp_path, {"launcher": "accelerate",
                                           "accelerate": {"config_file": "accel.yaml"}})[0])["command"]
     assert "--multi_gpu" not in cmd and "--deepspeed_multinode_launcher=standard" in cmd
+
+
+def test_rank_wrapper_records_the_ranks_own_code_when_a_stop_races_its_exit(tmp_path: Path) -> None:
+    """A peer's failure stops every rank with TERM; a rank that had already ended 0 when the TERM reached its
+    wrapper is recorded as 0, not as the interrupted ``wait``'s 143 (seen in CI under load). The rank itself sends
+    the TERM to its wrapper and exits 0 at once, so the race is forced every time."""
+    from gtrain.jobs.templating import render
+
+    job = tmp_path / "job"
+    (job / "logs").mkdir(parents=True)
+    (job / "pid").write_text("1\n")
+    (job / "rank.sh").write_text(render("rank.sh", ctx("python", job_dir=str(job), python=sys.executable),
+                                        launcher_starter="test"))
+    code = ("import os, signal, time\n"  # TERM to rank.sh, then end 0 at once
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "time.sleep(0.1)\n"
+            "pid = os.getppid()\n"  # the nearest ancestor running rank.sh (whatever sits between)
+            "while b'rank.sh' not in open(f'/proc/{pid}/cmdline', 'rb').read():\n"
+            "    pid = int(open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[1])\n"
+            "os.kill(pid, signal.SIGTERM); os._exit(0)")
+    for trial in range(10):
+        p = subprocess.run(["bash", str(job / "rank.sh"), "-c", code], env={**os.environ, "RANK": str(trial)},
+                           timeout=30)
+        assert (p.returncode, (job / "logs" / f"rank-{trial}.exit").read_text().split()[0]) == (0, "0"), trial

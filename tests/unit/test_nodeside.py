@@ -85,6 +85,14 @@ def test_manifest(tmp_path: Path) -> None:
     assert m[0]["sha256"] == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
 
 
+def _has_job_env(pid: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return b"GTRAIN_JOB_ID=" in f.read()
+    except OSError:
+        return False
+
+
 def test_idle_watch_waits_for_jobs_to_end_then_runs_its_command_once(tmp_path: Path) -> None:
     """``policies.idle_minutes`` on a node: the watcher runs its command only after ``idle_s`` with no process
     of a gtrain job; a second watcher on the same node exits at once."""
@@ -92,11 +100,15 @@ def test_idle_watch_waits_for_jobs_to_end_then_runs_its_command_once(tmp_path: P
 
     marker, pidfile = tmp_path / "powered-off", tmp_path / "watch.pid"
     release = tmp_path / "release"  # the job runs until the test lets it end: no race with a loaded machine
+    cluster = f"idle-test-{os.getpid()}"
     job = subprocess.Popen([sys.executable, "-c", "import os, sys, time\n"
                             "while not os.path.exists(sys.argv[1]): time.sleep(0.05)", str(release)],
-                           env={**os.environ, "GTRAIN_JOB_ID": "idle-test"})
+                           env={**os.environ, "GTRAIN_JOB_ID": "idle-test", "GTRAIN_CLUSTER": cluster})
+    # the watcher counts its own cluster's jobs only (as `up` starts it), so a job another test left running on
+    # this machine cannot hold it busy
     watch = subprocess.Popen([sys.executable, nodeside.__file__, "idle_watch", "2", "0.2", str(pidfile),
-                              "touch", str(marker)], stdout=subprocess.PIPE, text=True)
+                              "touch", str(marker)], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "GTRAIN_IDLE_CLUSTER": cluster})
     try:
         deadline = time.monotonic() + 10
         while not pidfile.exists() or not pidfile.read_text().strip():
@@ -109,7 +121,11 @@ def test_idle_watch_waits_for_jobs_to_end_then_runs_its_command_once(tmp_path: P
         assert job.poll() is None and not marker.exists()  # 3 s in: the job still runs, the node is busy
         release.touch()
         job.wait(timeout=10)
-        assert watch.wait(timeout=15) == 0  # then 2 s idle: the command ran, the watcher is done
+        try:
+            assert watch.wait(timeout=30) == 0  # then 2 s idle: the command ran, the watcher is done
+        except subprocess.TimeoutExpired:
+            others = [d for d in os.listdir("/proc") if d.isdigit() and _has_job_env(d)]
+            pytest.fail(f"the watcher did not fire; processes with a gtrain job's environment here: {others}")
         assert marker.exists()
         out = watch.stdout.read() if watch.stdout else ""
         assert "idle for" in out and "touch" in out

@@ -8,11 +8,23 @@ mkdir -p /home/u/gtrain/demo/jobs/demo-20260101-000000-abcd/metrics
 export GTRAIN_METRICS_FILE=/home/u/gtrain/demo/jobs/demo-20260101-000000-abcd/metrics/rank-"${RANK}".jsonl
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}"/home/u/gtrain/demo/jobs/demo-20260101-000000-abcd/py
 launcher=$(cat /home/u/gtrain/demo/jobs/demo-20260101-000000-abcd/pid 2>/dev/null)  # this attempt's launch.sh; a relaunch takes `pid` over
-trap 'kill -TERM "$child" 2>/dev/null' TERM INT HUP
-python3 -u "$@" >>"$log" 2>&1 </dev/null &
+# The rank runs under a small subshell that waits for it with stops ignored and writes the rank's own code: bash
+# can lose a child's status when a trapped signal interrupts `wait` (a rank that ended 0 as its peers were being
+# stopped was recorded as 143). This shell forwards TERM/INT/HUP to the rank itself.
+ranks=/home/u/gtrain/demo/jobs/demo-20260101-000000-abcd/ranks; mkdir -p "$ranks"; pidf="$ranks/${RANK}.pid"; rcf="$ranks/${RANK}.rc"
+rm -f "$pidf" "$rcf"
+( python3 -u "$@" >>"$log" 2>&1 </dev/null &
+  echo "$!" > "$pidf"; trap '' TERM INT HUP; wait "$!"; echo "$?" > "$rcf" ) &
 child=$!
+forward() {
+  local p="" i
+  for i in $(seq 40); do p=$(cat "$pidf" 2>/dev/null); [ -n "$p" ] && break; sleep 0.05; done
+  kill -TERM "${p:-$child}" 2>/dev/null
+}
+trap forward TERM INT HUP
 wait "$child"; rc=$?
 while kill -0 "$child" 2>/dev/null; do wait "$child"; rc=$?; done
+[ -s "$rcf" ] && rc=$(cat "$rcf")
 # (a rank of an earlier attempt that outlived its stop writes nothing into the next attempt's logs)
 if [ "$(cat /home/u/gtrain/demo/jobs/demo-20260101-000000-abcd/pid 2>/dev/null)" = "$launcher" ]; then
   printf '%s %s\n' "$rc" "$(date +%s.%N)" > /home/u/gtrain/demo/jobs/demo-20260101-000000-abcd/logs/rank-"${RANK}".exit
