@@ -1,7 +1,7 @@
 """ProxyCommand for the cloud end-to-end tests: plays the part of a cloud instance's network and of its
 guest agent (cloud-init on EC2, the guest environment on GCE).
 
-    python node_relay.py aws|gcp|lambda DIR INSTANCE
+    python node_relay.py aws|gcp|lambda|azure DIR INSTANCE
 
 ``DIR/hosts.json`` lists the sshd hosts (``{"hosts": [[addr, port], ...], "authorized_keys": path}``). The
 first time an instance is seen it is given the next free host (kept in ``DIR/map.json``; on AWS, when none is
@@ -9,12 +9,14 @@ free, the hosts of terminated instances are given back: a replaced node's new in
 the cloud would install is put in the hosts' authorized_keys: on AWS the instance's key pair (asked of EC2,
 i.e. moto), on GCP the instance's ``ssh-keys`` metadata (asked of the Compute Engine endpoint in
 CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE, i.e. the fake), on Lambda the SSH key the instance at that IP was
-launched with (asked of the Lambda API in LAMBDA_API_URL, i.e. tests/fixtures/fake_lambda.py). Then bytes are
-relayed between stdin/stdout and that host's sshd.
+launched with (asked of the Lambda API in LAMBDA_API_URL, i.e. tests/fixtures/fake_lambda.py), on Azure the
+keys of the VM's ``osProfile.linuxConfiguration.ssh.publicKeys`` (asked of the fake ARM in
+GTRAIN_AZURE_ARM_ENDPOINT, as the Azure Linux agent reads them at provisioning). Then bytes are relayed between
+stdin/stdout and that host's sshd.
 
-On AWS, a terminated instance is gone like a real one: a connection to it is refused, and its host is
-freed for the next new instance (the spot-interruption test re-provisions a node onto the host its
-interrupted instance had).
+On AWS and Azure, a terminated instance (a deleted or evicted VM) is gone like a real one: a connection to it
+is refused, and its host is freed for the next new instance (the spot-interruption test re-provisions a node
+onto the host its interrupted instance had).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import os
 import select
 import socket
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -103,6 +106,33 @@ def lambda_public_keys(ip: str) -> list[str]:
     return [k["public_key"] for k in get("/ssh-keys") if k["name"] in inst["ssh_key_names"]]  # type: ignore[attr-defined]
 
 
+def azure_vm(name: str) -> dict[str, Any] | None:
+    """The VM ``name`` as ARM (the fake in GTRAIN_AZURE_ARM_ENDPOINT) has it; None when it is gone."""
+    endpoint = os.environ["GTRAIN_AZURE_ARM_ENDPOINT"].rstrip("/")
+    sub, token = os.environ["AZURE_SUBSCRIPTION_ID"], os.environ["GTRAIN_AZURE_ACCESS_TOKEN"]
+    group = "gtrain-" + name.rsplit("-", 1)[0]
+    url = (f"{endpoint}/subscriptions/{sub}/resourceGroups/{group}/providers/Microsoft.Compute/virtualMachines/"
+           f"{name}?api-version=2024-07-01")
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    for _ in range(20):  # the fake throttles now and then
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                doc: dict[str, Any] = json.load(r)
+                return doc
+        except urllib.error.HTTPError as e:
+            if e.code == 404:
+                return None
+            if e.code != 429:
+                raise
+    raise SystemExit(f"relay: ARM kept throttling GET {name}")
+
+
+def azure_public_keys(name: str) -> list[str]:
+    vm = azure_vm(name) or {}
+    keys = vm["properties"]["osProfile"]["linuxConfiguration"]["ssh"]["publicKeys"]
+    return [" ".join(k["keyData"].split()[:2]) for k in keys]
+
+
 def assign(cloud: str, d: Path, iid: str) -> tuple[str, int]:
     conf = json.loads((d / "hosts.json").read_text())
     with open(d / "map.lock", "a+") as lk:
@@ -118,13 +148,18 @@ def assign(cloud: str, d: Path, iid: str) -> tuple[str, int]:
             if gone:  # their hosts are free again (a real terminated instance's address is released)
                 mapping = {k: v for k, v in mapping.items() if k not in gone}
                 mp.write_text(json.dumps(mapping))
+        if cloud == "azure" and azure_vm(iid) is None:  # deleted or evicted: refused, its host freed
+            mapping.pop(iid, None)
+            mp.write_text(json.dumps(mapping))
+            sys.exit(f"relay: VM {iid} does not exist")
         if iid not in mapping:
             used = {tuple(v) for v in mapping.values()}
             free = [h for h in conf["hosts"] if tuple(h) not in used]
             if not free:
                 sys.exit(f"relay: no sshd host left for {iid}")
             ak = Path(conf["authorized_keys"])
-            keys_of = {"aws": aws_public_keys, "gcp": gcp_public_keys, "lambda": lambda_public_keys}[cloud]
+            keys_of = {"aws": aws_public_keys, "gcp": gcp_public_keys, "lambda": lambda_public_keys,
+                       "azure": azure_public_keys}[cloud]
             for pub in keys_of(iid):
                 if pub not in ak.read_text():
                     with open(ak, "a") as f:
@@ -136,7 +171,7 @@ def assign(cloud: str, d: Path, iid: str) -> tuple[str, int]:
 
 def main() -> None:
     cloud, d, iid = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
-    if cloud not in ("aws", "gcp", "lambda"):
+    if cloud not in ("aws", "gcp", "lambda", "azure"):
         sys.exit(f"relay: unknown cloud {cloud!r}")
     addr, port = assign(cloud, d, iid)
     s = socket.create_connection((addr, port), timeout=10)

@@ -1,6 +1,6 @@
 """End to end on azure (the fake Azure Resource Manager): `gtrain run` (the CLI) makes one resource group with 2
 VMs; their SSH goes through ``azure.ssh_proxy_command`` (%h = the VM name) to two real sshd hosts
-(tests/fixtures/sshd.py) by tests/integration/azure_relay.py, which installs the key of the VM's osProfile as
+(tests/fixtures/sshd.py) by tests/integration/node_relay.py, which installs the key of the VM's osProfile as
 the Azure Linux agent would. A real 2-node x 2-process torchrun job (gloo, CPU) runs there and exits 0, its
 checkpoint is pulled, and the resource group is gone afterwards."""
 
@@ -17,7 +17,7 @@ from tests.fixtures.fake_arm import FakeARM
 from tests.integration.node_relay import relay_hosts
 
 JOBS = Path(__file__).parent / "jobs"
-RELAY = Path(__file__).parent / "azure_relay.py"
+RELAY = Path(__file__).parent / "node_relay.py"
 
 
 @pytest.mark.slow
@@ -32,7 +32,7 @@ def test_gtrain_run_two_nodes_two_processes_on_azure_vms(fake_arm: FakeARM, ssh_
     spec.write_text(json.dumps({
         "name": "az-e2e", "provider": "azure", "num_nodes": 2,
         "resources": {"accelerators": "T4:1", "region": "eastus", "disk_gb": 64},
-        "azure": {"ssh_user": hosts[0].user, "ssh_proxy_command": f"{sys.executable} {RELAY} {relay_dir} %h",
+        "azure": {"ssh_user": hosts[0].user, "ssh_proxy_command": f"{sys.executable} {RELAY} azure {relay_dir} %h",
                   "ssh_timeout_s": 60, "poll_s": 0.2},
         "job": {"workdir": str(work), "run": "probe.py", "nproc_per_node": 2, "checkpoint_dir": "ckpt",
                 "python": sys.executable, "env": {"OMP_NUM_THREADS": "1"}},

@@ -31,7 +31,6 @@ from gtrain.state import Job as JobRecord
 
 JOBS = Path(__file__).parent / "jobs"
 RELAY = Path(__file__).parent / "node_relay.py"
-AZURE_RELAY = Path(__file__).parent / "azure_relay.py"
 BACKENDS = ["local", "ssh", "aws", "gcp", "lambda", "azure", "fake", "slurm", "kubernetes", "ray"]
 
 
@@ -87,7 +86,7 @@ def spec_for(provider: str, request: pytest.FixtureRequest, tmp: Path, work: Pat
         fake_arm.reset()
         os.environ.update(arm_env(fake_arm))  # until the module's cluster is down (removed there)
         base["resources"] = {"accelerators": "T4:1", "region": "eastus", "disk_gb": 64}
-        base["azure"] = {"ssh_user": picked[0].user, "ssh_proxy_command": f"{sys.executable} {AZURE_RELAY} {relay} %h",
+        base["azure"] = {"ssh_user": picked[0].user, "ssh_proxy_command": f"{sys.executable} {RELAY} azure {relay} %h",
                          "ssh_timeout_s": 60, "poll_s": 0.2}
         return base
     section = {"ssh_user": picked[0].user,
