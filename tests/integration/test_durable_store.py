@@ -118,17 +118,17 @@ def test_down_says_what_is_in_the_store_and_refuses_when_the_newest_is_not(moto_
                                 "job": {"workdir": str(work), "run": "train.py", "checkpoint_dir": "ckpt",
                                         "checkpoint_store": url}}))
     gt = [sys.executable, "-m", "gtrain"]
-    assert subprocess.run([*gt, "up", str(spec)], capture_output=True, text=True).returncode == 0
-    r = subprocess.run([*gt, "launch", str(spec), "--wait"], capture_output=True, text=True, timeout=120)
+    assert subprocess.run([*gt, "up", str(spec)], capture_output=True, text=True, cwd=tmp_path).returncode == 0
+    r = subprocess.run([*gt, "launch", str(spec), "--wait"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     node_ckpt = gtrain_home / "clusters" / "safe" / "node-0" / "workdir" / "ckpt"
     later = node_ckpt / "step-2.pt"
     later.write_text("two")  # written after the job's final flush: on the node only
     os.utime(later, (time.time() + 10, time.time() + 10))
-    r = subprocess.run([*gt, "down", "safe"], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([*gt, "down", "safe"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert r.returncode == 2 and "step-2.pt" in r.stderr and "checkpoints safely in" in r.stderr, r.stderr
     assert "step-1.pt" in r.stderr  # what is safe is named
-    r = subprocess.run([*gt, "down", "safe", "--yes"], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([*gt, "down", "safe", "--yes"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
 
 
