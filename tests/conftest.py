@@ -28,7 +28,31 @@ def repo_root() -> Path:
     return Path(__file__).resolve().parent.parent
 
 
+def _untracked() -> set[str] | None:
+    """Files in the checkout that git neither tracks nor ignores (None outside a git checkout)."""
+    import subprocess
+
+    try:
+        r = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], capture_output=True, text=True,
+                           cwd=Path(__file__).resolve().parent.parent, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return {ln[3:] for ln in r.stdout.splitlines() if ln.startswith("??")} if r.returncode == 0 else None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config._gtrain_untracked = _untracked()  # type: ignore[attr-defined]
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    # A test writes into its tmp_path, never into the checkout (a relative --to, a report, a pulled folder).
+    before = getattr(session.config, "_gtrain_untracked", None)
+    after = _untracked() if before is not None else None
+    if before is not None and after is not None and after - before:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter:
+            reporter.write_line(f"tests left files in the checkout: {sorted(after - before)[:10]}", red=True)
     # In CI a skipped test is a failed test: nothing may quietly not run.
     if os.environ.get("CI") == "true":
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
