@@ -55,28 +55,55 @@ def spec(tmp: Path, name: str, run: str, gpus: int = 8, **kube: Any) -> str:
     return str(p)
 
 
-def test_run_two_pods_four_ranks(kube: FakeKube, tmp_path: Path) -> None:
-    here = tmp_path / "cwd"
-    here.mkdir()
-    res = cli(kube, tmp_path, "run", spec(tmp_path, "k8s-run", "slurm_train.py --steps 3"), "--no-report",
-              cwd=here)
+#: the store's endpoint and region reach the pods as job.env; its credentials as job.secrets (a Secret)
+STORE_SECRETS = ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"]
+
+
+def with_store(path: str, moto: str, bucket: str, **job: Any) -> str:
+    import boto3
+
+    boto3.client("s3").create_bucket(Bucket=bucket)
+    doc = yaml.safe_load(Path(path).read_text())
+    doc["job"].update(checkpoint_store=f"s3://{bucket}/runs", checkpoint_dir="ckpt", secrets=STORE_SECRETS,
+                      checkpoint_tuning={"settle_s": 1, "poll_s": 0.3}, **job)
+    doc["job"]["env"].update(AWS_ENDPOINT_URL=moto, AWS_DEFAULT_REGION="us-east-1")
+    Path(path).write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_run_two_pods_four_ranks(kube: FakeKube, tmp_path: Path, moto_server: str) -> None:
+    """2 pods x 2 processes: every rank's lines, checkpoints through the store (the pods' tool, credentials from
+    a Secret), pulled from the store, exit 0."""
+    import json
+
+    path = with_store(spec(tmp_path, "k8s-run", "slurm_train.py --steps 3"), moto_server, "k8s-run-ckpt")
+    res = cli(kube, tmp_path, "run", path, "--no-report", "--to", str(tmp_path / "out"))
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-4000:]
-    assert list(here.iterdir()) == [], "run without --to made a folder though the pods' disks are gone"
-    assert "nothing to pull" in out and "total: $0.0000" in out and "could not" not in out, out[-3000:]
+    assert "total: $0.0000" in out and "could not" not in out, out[-3000:]
     for r in range(4):  # every rank's lines, from the pods' logs
         assert f"slurm rank {r}/4" in out, out[-4000:]
         assert f"slurm rank {r} step 3 sum 10.0" in out, out[-4000:]
-    assert "created as Indexed Job" in out
+    assert "created as Indexed Job" in out and "each pod probes a write" in out
+    assert "final flush" in out and "uploaded state.json" in out, out[-4000:]  # the pods' tool, in their logs
+    assert json.loads((tmp_path / "out" / "state.json").read_text())["step"] == 3  # from the store
     assert kube.labelled("gtrain.dev/cluster") == []  # down deleted every object of the cluster
     posted = [p for m, p in kube.requests if m == "POST"]
     assert any(p.endswith("/jobs") for p in posted) and any(p.endswith("/services") for p in posted)
+    job = next(o for (p, _, _), o in kube.deleted.items() if p == "jobs")
+    env = job["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert all({"name": s, "valueFrom": {"secretKeyRef": {"name": job["metadata"]["name"], "key": s}}} in env
+               for s in STORE_SECRETS) and not any(e["name"] in STORE_SECRETS and "value" in e for e in env)
 
 
 def test_failing_rank_exit_code_comes_out(kube: FakeKube, tmp_path: Path) -> None:
+    here = tmp_path / "cwd"
+    here.mkdir()
     res = cli(kube, tmp_path, "run", spec(tmp_path, "k8s-fail", "slurm_train.py --steps 1 --exit-code 7"),
-              "--no-report", "--to", str(tmp_path / "pulled"))
+              "--no-report", cwd=here)
     assert res.returncode == 7, (res.stdout + res.stderr)[-4000:]
+    assert "nothing to pull" in res.stdout + res.stderr
+    assert list(here.iterdir()) == [], "run without --to made a folder though the pods' disks are gone"
     assert kube.labelled("gtrain.dev/cluster") == []
 
 
@@ -169,16 +196,13 @@ def test_pending_reasons_unschedulable_and_kueue(kube: FakeKube, tmp_path: Path)
 
 @pytest.mark.parametrize(("case", "field"), [
     ("token", "kubernetes.context"), ("namespace", "kubernetes.namespace"), ("rbac", "create jobs"),
-    ("image", "job.image"), ("shm", "kubernetes.shm_gb"), ("store", "job.checkpoint_store")])
+    ("image", "job.image"), ("shm", "kubernetes.shm_gb")])
 def test_up_refuses_with_exit_2_and_creates_nothing(kube: FakeKube, tmp_path: Path, case: str, field: str) -> None:
     path = spec(tmp_path, "k8s-bad", "slurm_train.py", **({"namespace": "nope"} if case == "namespace" else
                                                           {"shm_gb": -1} if case == "shm" else {}))
-    if case in ("image", "store"):
+    if case == "image":
         doc = yaml.safe_load(Path(path).read_text())
-        if case == "image":
-            del doc["job"]["image"]
-        else:
-            doc["job"]["checkpoint_store"] = "s3://bucket/runs"
+        del doc["job"]["image"]
         Path(path).write_text(yaml.safe_dump(doc))
     if case == "rbac":
         kube.denied.add(("create", "jobs"))
@@ -260,7 +284,7 @@ def test_exec_runs_in_the_pods_and_secrets_stay_in_a_secret(kube: FakeKube, tmp_
         del os.environ["K8S_TEST_TOKEN"]
     wait_for(lambda: running_pods(kube))
     ex = cli(kube, tmp_path, "exec", "k8s-exec", "--", 'echo "host=$(hostname) rank=$GTRAIN_NODE_RANK '
-             'tok=${K8S_TEST_TOKEN:0:7}"; cat /gtrain/node-$GTRAIN_NODE_RANK/command >/dev/null && exit 3')
+             'tok=${K8S_TEST_TOKEN:0:7}"; cat /gtrain/jobs/node-$GTRAIN_NODE_RANK/command >/dev/null && exit 3')
     out = ex.stdout + ex.stderr
     assert ex.returncode == 3, out  # the command's own exit code, from the error channel's Status
     name = kube.select("jobs")[0]["metadata"]["name"]
