@@ -144,19 +144,64 @@ def running_pods(kube: FakeKube) -> list[dict[str, Any]]:
     return pods if len(pods) == 2 and all(p["status"].get("phase") == "Running" for p in pods) else []
 
 
-def test_evicted_pod_is_preempted_and_down_leaves_nothing(kube: FakeKube, tmp_path: Path) -> None:
-    path = spec(tmp_path, "k8s-evict", "slurm_train.py --steps 600 --step-s 0.1")
-    assert cli(kube, tmp_path, "up", path).returncode == 0
-    res = cli(kube, tmp_path, "launch", path)
-    assert res.returncode == 0, res.stdout + res.stderr
-    pods = wait_for(lambda: running_pods(kube))
-    victim = next(p for p in pods if p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == "1")
-    kube.evict("default", victim["metadata"]["name"])
-    st = wait_for(lambda: (r := cli(kube, tmp_path, "status", "k8s-evict")).returncode == 0
-                  and "preempted" in r.stdout and r.stdout)
-    assert "preempted" in st, st
-    down = cli(kube, tmp_path, "down", "k8s-evict", "--yes")
-    assert down.returncode == 0, down.stdout + down.stderr
+def test_evicted_pod_recovers_from_the_store_same_weights(kube: FakeKube, tmp_path: Path, moto_server: str,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pod 1 evicted mid-run (DisruptionTarget) -> PREEMPTED -> policies.recovery relaunches the Job (attempt 2),
+    every pod restores the newest checkpoint from the store, and the final weights (pulled from the store) equal
+    an uninterrupted run's; `run`'s down leaves no object."""
+    import threading
+
+    import torch
+
+    import gtrain
+    from gtrain.checkpoints.store import Store
+    from gtrain.jobs.backend import LogLine
+    from tests.integration.durable_nodes import run_key
+    from tests.integration.jobs.durable_train import reference
+
+    steps, every = 8, 2
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(JOBS / "durable_train.py", work / "durable_train.py")
+    path = with_store(spec(tmp_path, "k8s-evict", f"durable_train.py {steps} {every} 0.5"), moto_server,
+                      "k8s-evict-ckpt", nproc_per_node=1)
+    doc = yaml.safe_load(Path(path).read_text())
+    doc["policies"] = {"recovery": {"max_restarts": 2, "backoff_s": 0}}
+    Path(path).write_text(yaml.safe_dump(doc))
+    monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig(tmp_path / "kubeconfig")))
+    monkeypatch.setenv("GTRAIN_WATCH_POLL_S", "1")
+    key = run_key(Path(path))
+    evicted: list[str] = []
+
+    def evict_when_checkpointed() -> None:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not evicted:
+            st = Store(doc["job"]["checkpoint_store"], key)
+            done = [c.name for c in st.checkpoints() if c.complete]
+            st.close()
+            pods = [p for p in kube.select("pods") if p["status"].get("phase") == "Running"
+                    and p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == "1"]
+            if "step-0002.pt" in done and pods:
+                kube.evict("default", pods[0]["metadata"]["name"])
+                evicted.append(pods[0]["metadata"]["name"])
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=evict_when_checkpointed, daemon=True)
+    killer.start()
+    lines: list[LogLine] = []
+    res = gtrain.run(path, to=tmp_path / "out", on_line=lines.append)
+    killer.join(timeout=1)
+    said = [x.text for x in lines]
+    assert evicted, "no pod was evicted"
+    assert res.status == "succeeded" and res.exit_code == 0, (res, said[-30:])
+    assert len(res.recoveries) == 1 and res.recoveries[0]["kind"] == "preemption", res.recoveries
+    assert res.recoveries[0]["lost"] == [1] and res.recoveries[0]["attempt"] == 2
+    assert "EvictionByEvictionAPI" in res.recoveries[0]["detail"], res.recoveries
+    final = torch.load(tmp_path / "out" / "final.pt")
+    assert final["step"] == steps and final["w"].tolist() == reference(steps, 2)
+    starts = [t for t in said if t.startswith("attempt 2 start")]  # both pods of attempt 2 resumed alike
+    assert len(starts) == 2 and len({t.split(" resume ")[0] for t in starts}) == 1, starts
+    assert int(starts[0].split()[3]) >= every, starts
     assert kube.labelled("gtrain.dev/cluster") == [] and kube.select("pods") == []
 
 
