@@ -337,6 +337,11 @@ def test_exec_runs_in_the_pods_and_secrets_stay_in_a_secret(kube: FakeKube, tmp_
         assert f"host={name}-{k} rank={k} tok=s3cr3t-" in out, out
     one = cli(kube, tmp_path, "exec", "k8s-exec", "--node", "1", "--", "cat >/dev/null; echo ok")
     assert one.returncode == 0 and "ok" in one.stdout, one.stdout + one.stderr
+    said, rc = ssh_in_a_terminal(kube, tmp_path, "k8s-exec", b"echo tty=$(tty) rank=$JOB_COMPLETION_INDEX; stty size; "
+                                 b"exit 5\n")
+    assert rc == 5 and "tty=/dev/pts/" in said and "rank=1" in said and "33 101" in said, said
+    plain = cli(kube, tmp_path, "ssh", "k8s-exec", "--", "echo plain-$JOB_COMPLETION_INDEX; exit 4")
+    assert plain.returncode == 4 and "plain-0" in plain.stdout, plain.stdout + plain.stderr
 
     sec = kube.select("secrets")
     assert [s["metadata"]["name"] for s in sec] == [name]
@@ -355,6 +360,49 @@ def test_exec_runs_in_the_pods_and_secrets_stay_in_a_secret(kube: FakeKube, tmp_
     assert {"name": "K8S_TEST_TOKEN", "valueFrom": {"secretKeyRef": {"name": name, "key": "K8S_TEST_TOKEN"}}} in env
     assert cli(kube, tmp_path, "down", "k8s-exec", "--yes").returncode == 0
     assert kube.labelled("gtrain.dev/cluster") == []
+
+
+def ssh_in_a_terminal(kube: FakeKube, tmp: Path, name: str, typed: bytes) -> tuple[str, int]:
+    """`gtrain ssh NAME --node 1` on a terminal of 33 rows x 101 columns, ``typed`` into it: (what it showed,
+    its exit code)."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 33, 101, 0, 0))
+    cfg = kube.kubeconfig(tmp / "kubeconfig")
+    proc = subprocess.Popen([sys.executable, "-m", "gtrain", "ssh", name, "--node", "1"], stdin=slave, stdout=slave,
+                            stderr=slave, start_new_session=True, env={**os.environ, "KUBECONFIG": str(cfg)})
+    os.close(slave)
+    os.write(master, typed)
+    got = b""
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if ready:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # EIO: gtrain ssh has exited
+                    break
+                if not chunk:
+                    break
+                got += chunk
+            elif proc.poll() is not None:
+                break
+        try:
+            rc = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            rc = -1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+    return got.decode(errors="replace"), rc
 
 
 def test_gc_finds_objects_no_live_cluster_owns(kube: FakeKube, tmp_path: Path) -> None:

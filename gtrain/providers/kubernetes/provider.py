@@ -272,6 +272,18 @@ class KubernetesProvider(Provider):
 
         return [PodRunner(self, cluster, n.rank) for n in self.store.nodes(cluster.id)]
 
+    def interactive_argv(self, cluster: Cluster, node: NodeRecord) -> tuple[list[str], str | None]:
+        """`gtrain ssh`: a shell in node K's running pod through the exec API with a terminal (as ``kubectl exec
+        -it POD -- bash -l``; :mod:`~gtrain.providers.kubernetes.podshell`)."""
+        import sys
+
+        from gtrain.providers.kubernetes.podexec import PodRunner
+
+        info = cluster.extra.get("kubernetes") or {}
+        pod = PodRunner(self, cluster, node.rank).pod()
+        return [sys.executable, "-m", "gtrain.providers.kubernetes.podshell", str(info.get("context") or ""),
+                str(info.get("namespace") or "default"), pod, "bash", "-l"], None
+
     def gc(self, regions: list[str] | None, live_cluster_ids: set[str], delete: bool,
            **options: str | None) -> GCResult:
         """Objects labelled gtrain.dev/cluster in ``regions`` (namespaces; default: those of clusters in state,
