@@ -79,7 +79,7 @@ class KubernetesBackend(JobBackend):
         hosts = [ko.pod_host(name, k) for k in range(n)]
         launcher, nproc, options, notes = launcher_of(spec, job)
         files: dict[int, dict[str, str]] = {}
-        key = run_key(self.cluster.name, job.run_id, job.run, job.checkpoint_dir) if job.checkpoint_store else ""
+        store_key = run_key(self.cluster.name, job.run_id, job.run, job.checkpoint_dir) if job.checkpoint_store else ""
         for k in range(n):
             ctx = NodeContext(
                 job_id=request.job_id, cluster=self.cluster.name, node_rank=k, num_nodes=n, node_ips=hosts,
@@ -88,12 +88,12 @@ class KubernetesBackend(JobBackend):
                 checkpoint_dir=f"{ko.ROOT}/workdir/{job.checkpoint_dir}", python=job.python or "python3",
                 argv=job.argv, env=dict(job.env), secret_names=list(job.secrets), setup=job.setup,
                 max_restarts=job.max_restarts, launcher=launcher, launcher_options=options, launcher_notes=notes,
-                checkpoint_store=job.checkpoint_store or "", checkpoint_key=key,
+                checkpoint_store=job.checkpoint_store or "", checkpoint_key=store_key,
                 checkpoint_env=job.checkpoint_tuning.to_env() if job.checkpoint_tuning else {})
             files[k] = {f"node-{k}/{fname}": text for fname, text in render_all(ctx).items()}
             if job.checkpoint_store:  # run by the pod's entry before launch.sh: the store takes a write from here
                 files[k][f"node-{k}/ckpt-probe.sh"] = ko.probe_script(ctx.python, dict(job.env),
-                                                                      job.checkpoint_store, key, k)
+                                                                      job.checkpoint_store, store_key, k)
         data = ko.bundle(Path(request.workdir), files)
         extra = self.cluster.extra.get("kubernetes", {})
         label = tuple(extra["gpu_label"]) if extra.get("gpu_label") else None
@@ -109,8 +109,8 @@ class KubernetesBackend(JobBackend):
                 "master": f"{hosts[0]}:{port}", "checkpoint_dir": job.checkpoint_dir, "workdir": request.workdir,
                 "env_names": sorted(job.env), "secret_names": list(job.secrets), "backend": self.name,
                 "k8s_name": name, "namespace": opts.namespace, "bundle_bytes": len(data)}
-        if key:
-            info["checkpoint_key"] = key
+        if store_key:
+            info["checkpoint_key"] = store_key
         return JobPlan(request, out, info, {"objects": objs})
 
     def submit(self, plan: JobPlan, report: Reporter | None = None) -> str:

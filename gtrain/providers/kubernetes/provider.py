@@ -198,7 +198,7 @@ class KubernetesProvider(Provider):
         for n in self.store.nodes(cluster.id):
             pod = newest.get(n.rank)
             why = disruption(pod) if pod is not None else None
-            if why is not None:
+            if pod is not None and why is not None:
                 out.append(NodeStatus(n.rank, "preempted", n.address, f"pod {pod['metadata']['name']}: {why}"))
             else:
                 out.append(NodeStatus(n.rank, "running" if n.status == "up" else n.status, n.address,

@@ -57,9 +57,9 @@ def pod_status(k: int, pod: dict[str, Any] | None, suspended: bool) -> NodeJobSt
     term = (cs.get("state") or {}).get("terminated") or {}
     raw = {"pod": (pod.get("metadata") or {}).get("name"), "phase": phase, "node": (pod.get("spec") or {}).get(
         "nodeName")}
-    why = disruption(pod)
-    if why is not None:
-        return NodeJobStatus(k, JobState.PREEMPTED, None, why, raw=raw)
+    disrupted = disruption(pod)
+    if disrupted is not None:
+        return NodeJobStatus(k, JobState.PREEMPTED, None, disrupted, raw=raw)
     if phase == "Pending":
         waiting = (cs.get("state") or {}).get("waiting") or {}
         sched = next((c for c in st.get("conditions") or [] if c.get("type") == "PodScheduled"), None)
