@@ -281,6 +281,21 @@ def test_dry_run_prints_the_objects_and_a_big_workdir_is_refused(kube: FakeKube,
     posted = [p for m, p in kube.requests if m == "POST"]
     assert len(posted) == 8 and all(p.endswith("/selfsubjectaccessreviews") for p in posted[:7])  # + the anchor
     assert [o["kind"] for o in kube.objects.values()] == ["ConfigMap"]  # up made its anchor, nothing holding GPUs
+    doc = yaml.safe_load(Path(path).read_text())
+    doc["job"]["checkpoint_store"] = "s3://k8s-dry/runs"  # the tool's own ConfigMap, mounted; a probe per pod
+    Path(path).write_text(yaml.safe_dump(doc))
+    dur = cli(kube, tmp_path, "launch", path, "--dry-run")
+    assert dur.returncode == 0, dur.stdout + dur.stderr
+    objs = list(yaml.safe_load_all(dur.stdout.split("---- node 0: objects.yaml ----", 1)[1].split("# ----")[0]))
+    assert [o["kind"] for o in objs] == ["ConfigMap", "ConfigMap", "Service", "Job"]
+    tool = objs[1]
+    assert tool["metadata"]["name"] == f"{name}-ckpt" and list(tool["binaryData"]) == ["gtrain-ckpt.pyz"]
+    pod = objs[3]["spec"]["template"]["spec"]
+    assert {"name": "ckpt", "configMap": {"name": f"{name}-ckpt"}} in pod["volumes"]
+    assert {"name": "GTRAIN_ATTEMPT", "value": "1"} in pod["containers"][0]["env"]
+    assert "---- node 1: node-1/ckpt-probe.sh ----" in dur.stdout and "gtrain-ckpt.pyz probe s3://k8s-dry/runs" \
+        in dur.stdout, dur.stdout[-3000:]
+    assert [o["kind"] for o in kube.objects.values()] == ["ConfigMap"]  # a dry run made nothing
     (tmp_path / "work" / "blob.bin").write_bytes(os.urandom(800 * 1024))
     big = cli(kube, tmp_path, "launch", path, "--dry-run")
     assert big.returncode == 2 and "job.workdir" in big.stderr and "700 KiB" in big.stderr, big.stderr
