@@ -67,13 +67,3 @@ def test_a_runners_backend_without_runners_is_refused_naming_the_field(tmp_path:
     finally:
         del type(backend).runners
 
-
-def test_fresh_is_marked_from_this_machine_before_any_node_restores(tmp_path: Any, moto_server: str) -> None:
-    import boto3
-
-    boto3.client("s3").create_bucket(Bucket="ckpt-seam-fresh")
-    backend, plan = _plan(tmp_path)
-    plan.request.spec.job.checkpoint_store = "s3://ckpt-seam-fresh/runs"  # type: ignore[union-attr]
-    ship.prepare(plan, backend, SILENT, fresh=True)
-    head = boto3.client("s3").head_object(Bucket="ckpt-seam-fresh", Key="runs/c/run-1/.gtrain-fresh.json")
-    assert head["ContentLength"] > 0
