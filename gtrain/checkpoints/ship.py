@@ -94,6 +94,19 @@ def prepare(plan: JobPlan, backend: JobBackend, report: Reporter, *, attempt: in
                       "spec": spec.to_yaml_dict(), "base_dir": spec.base_dir})
     if not job.checkpoint_store:
         return
+    if backend.checkpoint_tool == "plan":  # the nodes exist only once submitted: each probes the store itself
+        key = str(plan.info.get("checkpoint_key") or plan.job_id)
+        plan.info["checkpoint_key"] = key
+        if fresh:  # from here, before any node restores (this machine reaches the store, as `gtrain pull` does)
+            from gtrain.checkpoints.store import Store
+
+            st = Store(job.checkpoint_store, key)
+            try:
+                st.mark_fresh()
+            finally:
+                st.close()
+            report.info(f"--fresh: run {key} starts over; its older checkpoints in the store are kept, not restored")
+        return
     runners = _runners(backend)
     key = plan.private["contexts"][0].checkpoint_key or plan.job_id
     plan.info["checkpoint_key"] = key
@@ -122,13 +135,27 @@ def relaunch(cluster: Cluster, job: JobRecord, ctx: Context, attempt: int) -> No
     """Start attempt ``attempt`` of ``job`` under the same job id: what the last attempt left on each node is
     moved to ``attempt-N/``, the nodes restore the newest complete checkpoint from the store."""
     from gtrain.jobs.backend import JobRequest
-    from gtrain.remote.fanout import parallel
 
     spec = job_spec(job, cluster, ctx)
     workdir = str(job.info.get("workdir") or spec.workdir_path())
     backend = ctx.backend(cluster)
     plan = backend.dryrun(backend.reserve(JobRequest(cluster, spec, job.id, workdir)))
     prepare(plan, backend, ctx.report, attempt=attempt)
+    if backend.checkpoint_tool == "runners":
+        _archive(backend, plan, attempt)
+    info = {**ctx.store.get_job(job.id).info, **{k: v for k, v in plan.info.items() if k != "spec"},
+            "final": False, "master": plan.info.get("master"), "attempt": attempt}
+    backend.submit(plan, ctx.report)
+    with ctx.store.tx() as c:  # a new attempt: the last one's end is not the job's
+        c.execute("UPDATE jobs SET exit_code=NULL, ended_at=NULL WHERE id=?", (job.id,))
+    ctx.store.update_job(job.id, status="running", info=info)
+    ctx.report.info(f"job {job.id} attempt {attempt} started on {cluster.num_nodes} node(s)")
+
+
+def _archive(backend: JobBackend, plan: JobPlan, attempt: int) -> None:
+    """What the last attempt left in the job's folder on each node, moved to ``attempt-N/``."""
+    from gtrain.remote.fanout import parallel
+
     runners = _runners(backend)
     files = " ".join(_ATTEMPT_FILES)
 
@@ -140,13 +167,6 @@ def relaunch(cluster: Cluster, job: JobRecord, ctx: Context, attempt: int) -> No
                        f"echo {attempt} > attempt")
 
     parallel(archive, list(range(len(runners))))
-    info = {**ctx.store.get_job(job.id).info, **{k: v for k, v in plan.info.items() if k != "spec"},
-            "final": False, "master": plan.info.get("master"), "attempt": attempt}
-    backend.submit(plan, ctx.report)
-    with ctx.store.tx() as c:  # a new attempt: the last one's end is not the job's
-        c.execute("UPDATE jobs SET exit_code=NULL, ended_at=NULL WHERE id=?", (job.id,))
-    ctx.store.update_job(job.id, status="running", info=info)
-    ctx.report.info(f"job {job.id} attempt {attempt} started on {cluster.num_nodes} node(s)")
 
 
 def store_key(job: JobRecord) -> str:
@@ -166,6 +186,8 @@ def collect(cluster: Cluster, job: JobRecord, ctx: Context, nodes: list[int]) ->
         return
     spec = job_spec(job, cluster, ctx)
     backend = ctx.backend(cluster)
+    if backend.checkpoint_tool == "plan":  # its nodes flushed as they were stopped; none is left to ask
+        return
     plan = backend.dryrun(JobRequest(cluster, spec, job.id, str(job.info.get("workdir") or spec.workdir_path())))
     attempt = str(job.info.get("attempt", 1))
 

@@ -206,6 +206,13 @@ class JobBackend(ABC):
 
     #: the backend's name (``node-script``, ``slurm``), shown by `status` and stored with each job
     name: str = "job-backend"
+    #: where gtrain's checkpoint tool (``job.checkpoint_store``, gtrain.checkpoints.ship) reaches the nodes.
+    #: ``"runners"``: copied to each node over the backend's ``runners`` before the submit, which also probe the
+    #: store, archive an attempt's files and collect the survivors' newest checkpoints before a relaunch.
+    #: ``"plan"``: the backend's own plan carries it (its nodes exist only once submitted: pods, a scheduler's
+    #: workers); each node probes, restores, uploads and flushes by itself, ``dryrun`` puts the run's store folder
+    #: in ``plan.info["checkpoint_key"]`` and ``submit`` hands ``plan.info["attempt"]`` to the nodes.
+    checkpoint_tool: str = "runners"
 
     def __init__(self, provider: Provider, cluster: Cluster) -> None:
         self.provider = provider

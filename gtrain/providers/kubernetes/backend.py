@@ -37,8 +37,15 @@ if TYPE_CHECKING:
     from gtrain.state import Job as JobRecord
 
 
+def ship_bundle() -> bytes:
+    from gtrain.checkpoints.ship import bundle
+
+    return bundle()
+
+
 class KubernetesBackend(JobBackend):
     name = "kubernetes"
+    checkpoint_tool = "plan"  # pods exist only once the Job is: its pods carry the tool (a ConfigMap)
     provider: KubernetesProvider
 
     @property
@@ -57,6 +64,7 @@ class KubernetesBackend(JobBackend):
     # ---- plan and submit -------------------------------------------------------------------------
 
     def dryrun(self, request: JobRequest) -> JobPlan:
+        from gtrain.checkpoints.policy import run_key
         from gtrain.jobs.nodescript import launcher_of
         from gtrain.jobs.render import render_all
         from gtrain.providers.kubernetes.options import parse_options
@@ -71,23 +79,29 @@ class KubernetesBackend(JobBackend):
         hosts = [ko.pod_host(name, k) for k in range(n)]
         launcher, nproc, options, notes = launcher_of(spec, job)
         files: dict[int, dict[str, str]] = {}
+        store_key = run_key(self.cluster.name, job.run_id, job.run, job.checkpoint_dir) if job.checkpoint_store else ""
         for k in range(n):
             ctx = NodeContext(
                 job_id=request.job_id, cluster=self.cluster.name, node_rank=k, num_nodes=n, node_ips=hosts,
                 node_addr=hosts[k], master_addr=hosts[0], master_port=port, nproc_per_node=nproc,
-                job_dir=f"{ko.ROOT}/node-{k}", workdir=f"{ko.ROOT}/workdir",
+                job_dir=ko.job_dir(k), workdir=f"{ko.ROOT}/workdir",
                 checkpoint_dir=f"{ko.ROOT}/workdir/{job.checkpoint_dir}", python=job.python or "python3",
                 argv=job.argv, env=dict(job.env), secret_names=list(job.secrets), setup=job.setup,
                 max_restarts=job.max_restarts, launcher=launcher, launcher_options=options, launcher_notes=notes,
-                checkpoint_store=job.checkpoint_store or "")
+                checkpoint_store=job.checkpoint_store or "", checkpoint_key=store_key,
+                checkpoint_env=job.checkpoint_tuning.to_env() if job.checkpoint_tuning else {})
             files[k] = {f"node-{k}/{fname}": text for fname, text in render_all(ctx).items()}
+            if job.checkpoint_store:  # run by the pod's entry before launch.sh: the store takes a write from here
+                files[k][f"node-{k}/ckpt-probe.sh"] = ko.probe_script(ctx.python, dict(job.env),
+                                                                      job.checkpoint_store, store_key, k)
         data = ko.bundle(Path(request.workdir), files)
         extra = self.cluster.extra.get("kubernetes", {})
         label = tuple(extra["gpu_label"]) if extra.get("gpu_label") else None
         if label is None and (key := opts.label_key()) and (value := opts.label_value(key, spec.resources.gpu_name)):
             label = (key, value)
-        objs = ko.objects(request, opts, name, port, nproc, data, label)  # type: ignore[arg-type]
-        shown = ko.objects(request, opts, name, port, nproc, None, label)  # type: ignore[arg-type]
+        tool = ship_bundle() if job.checkpoint_store else None
+        objs = ko.objects(request, opts, name, port, nproc, data, label, tool)  # type: ignore[arg-type]
+        shown = ko.objects(request, opts, name, port, nproc, None, label, b"" if tool else None)  # type: ignore[arg-type]
         out = {0: {"objects.yaml": ko.dump_yaml(shown)}}
         for k, named in files.items():
             out.setdefault(k, {}).update({f: t for f, t in named.items() if not f.split("/")[-1].endswith(".py")})
@@ -95,6 +109,8 @@ class KubernetesBackend(JobBackend):
                 "master": f"{hosts[0]}:{port}", "checkpoint_dir": job.checkpoint_dir, "workdir": request.workdir,
                 "env_names": sorted(job.env), "secret_names": list(job.secrets), "backend": self.name,
                 "k8s_name": name, "namespace": opts.namespace, "bundle_bytes": len(data)}
+        if store_key:
+            info["checkpoint_key"] = store_key
         return JobPlan(request, out, info, {"objects": objs})
 
     def submit(self, plan: JobPlan, report: Reporter | None = None) -> str:
@@ -104,8 +120,9 @@ class KubernetesBackend(JobBackend):
         rep = report or SILENT
         made: list[Any] = []
         sec = ko.secret(plan.request, self.namespace, plan.info["k8s_name"])
+        objs = ko.with_attempt(plan.private["objects"], int(plan.info.get("attempt") or 1))
         try:
-            for obj in ([sec] if sec else []) + plan.private["objects"]:
+            for obj in ([sec] if sec else []) + objs:
                 res = codecs.from_dict(obj)
                 call(self.client.create, f"create {obj['kind']} {obj['metadata']['name']}", self.namespace, res)
                 made.append(res)
@@ -123,6 +140,9 @@ class KubernetesBackend(JobBackend):
                                "submitted_at": time.time()})
         rep.info(f"job {plan.job_id} created as Indexed Job {self.namespace}/{plan.info['k8s_name']} "
                  f"({plan.info['bundle_bytes'] // 1024} KiB bundle)")
+        if plan.info.get("checkpoint_key"):
+            rep.info(f"checkpoint store {plan.request.spec.job.checkpoint_store}/{plan.info['checkpoint_key']}: "  # type: ignore[union-attr]
+                     "each pod probes a write, restores the newest checkpoint, then uploads beside the job")
         return plan.job_id
 
     # ---- state -----------------------------------------------------------------------------------

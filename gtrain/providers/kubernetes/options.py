@@ -49,8 +49,9 @@ class Volume(BaseModel):
     @field_validator("mount")
     @classmethod
     def _mount(cls, v: str) -> str:
-        if not v.startswith("/") or v.rstrip("/") in ("", "/gtrain", "/dev/shm", "/gtrain-bundle"):
-            raise ValueError("must be an absolute path other than /, /gtrain, /gtrain-bundle and /dev/shm")
+        if not v.startswith("/") or v.rstrip("/") in ("", "/gtrain", "/dev/shm", "/gtrain-bundle", "/gtrain-ckpt"):
+            raise ValueError("must be an absolute path other than /, /gtrain, /gtrain-bundle, /gtrain-ckpt and "
+                             "/dev/shm")
         return v
 
 
@@ -166,11 +167,6 @@ def parse_options(spec: ClusterSpec) -> KubernetesOptions:
     if spec.job is not None and not spec.job.image:
         raise ConfigError("job.image: provider kubernetes runs every pod from a container image, none is given",
                           hint="e.g. job.image: nvcr.io/nvidia/pytorch:25.01-py3", field="job.image")
-    if spec.job is not None and spec.job.checkpoint_store:
-        raise ConfigError("job.checkpoint_store: not supported on provider kubernetes yet (gtrain's checkpoint "
-                          "uploader reaches nodes before the submit; pods exist only after it)",
-                          hint="mount a kubernetes.volumes claim under the workdir for checkpoints, or remove "
-                               "job.checkpoint_store", field="job.checkpoint_store")
     if spec.job is not None and spec.job.data:
         raise ConfigError("job.data: not supported on provider kubernetes yet",
                           hint="mount the data as a kubernetes.volumes claim", field="job.data")

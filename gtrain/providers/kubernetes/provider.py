@@ -179,9 +179,31 @@ class KubernetesProvider(Provider):
     # ---- describe / terminate ----------------------------------------------------------------------
 
     def describe(self, cluster: Cluster) -> list[NodeStatus]:
+        """Each node as its newest pod says: ``preempted`` when the cluster disrupted it (DisruptionTarget:
+        evicted, preempted by priority, its node drained) -- what `policies.recovery` relaunches, as a spot VM's
+        preemption -- else ``running`` (a node is a slot for a pod; none holds a GPU between jobs)."""
+        from lightkube.resources.core_v1 import Pod
+
+        from gtrain.providers.kubernetes.states import disruption, index_of
+
         ns = (cluster.extra.get("kubernetes") or {}).get("namespace") or "default"
-        return [NodeStatus(n.rank, "running" if n.status == "up" else n.status, n.address, f"namespace {ns}")
-                for n in self.store.nodes(cluster.id)]
+        newest: dict[int, dict[str, Any]] = {}
+        if cluster.extra.get("kubernetes"):
+            with edge(f"list the pods of cluster {cluster.name}", ns):
+                pods = [p.to_dict() for p in self.client(cluster).list(
+                    Pod, namespace=ns, labels={ko.LABEL_CLUSTER: cluster.id[:63]})]
+            for p in sorted(pods, key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp") or "")):
+                newest[index_of(p)] = p
+        out = []
+        for n in self.store.nodes(cluster.id):
+            pod = newest.get(n.rank)
+            why = disruption(pod) if pod is not None else None
+            if pod is not None and why is not None:
+                out.append(NodeStatus(n.rank, "preempted", n.address, f"pod {pod['metadata']['name']}: {why}"))
+            else:
+                out.append(NodeStatus(n.rank, "running" if n.status == "up" else n.status, n.address,
+                                      f"namespace {ns}"))
+        return out
 
     def delete_labelled(self, cluster: Cluster, selector: dict[str, str], grace_s: float = 10) -> None:
         """Delete the Jobs (foreground), pods, Services and ConfigMaps with these labels; wait until no pod is
@@ -206,9 +228,10 @@ class KubernetesProvider(Provider):
                         with edge(f"delete {kind.__name__} {obj.metadata.name}", ns):
                             raise
         deadline = time.monotonic() + grace_s + 60
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline:  # the pods, then the Job (foreground: it goes after its pods)
             with edge("list pods", ns):
-                if not list(c.list(Pod, namespace=ns, labels=selector)):
+                if not list(c.list(Pod, namespace=ns, labels=selector)) and not list(
+                        c.list(Job, namespace=ns, labels=selector)):
                     return
             time.sleep(0.2)
 
@@ -248,6 +271,18 @@ class KubernetesProvider(Provider):
         from gtrain.providers.kubernetes.podexec import PodRunner
 
         return [PodRunner(self, cluster, n.rank) for n in self.store.nodes(cluster.id)]
+
+    def interactive_argv(self, cluster: Cluster, node: NodeRecord) -> tuple[list[str], str | None]:
+        """`gtrain ssh`: a shell in node K's running pod through the exec API with a terminal (as ``kubectl exec
+        -it POD -- bash -l``; :mod:`~gtrain.providers.kubernetes.podshell`)."""
+        import sys
+
+        from gtrain.providers.kubernetes.podexec import PodRunner
+
+        info = cluster.extra.get("kubernetes") or {}
+        pod = PodRunner(self, cluster, node.rank).pod()
+        return [sys.executable, "-m", "gtrain.providers.kubernetes.podshell", str(info.get("context") or ""),
+                str(info.get("namespace") or "default"), pod, "bash", "-l"], None
 
     def gc(self, regions: list[str] | None, live_cluster_ids: set[str], delete: bool,
            **options: str | None) -> GCResult:

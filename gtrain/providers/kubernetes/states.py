@@ -37,6 +37,15 @@ def rank_exits(message: str) -> list[RankStatus]:
     return out
 
 
+def disruption(pod: dict[str, Any]) -> str | None:
+    """Why the cluster disrupted the pod (its ``DisruptionTarget`` condition), or None."""
+    disrupted = _cond(pod, "DisruptionTarget")
+    if disrupted is None or ((pod.get("status") or {}).get("phase") or "Pending") not in ("Failed", "Running",
+                                                                                           "Pending"):
+        return None
+    return f"{disrupted.get('reason') or 'DisruptionTarget'}: {disrupted.get('message') or 'pod disrupted'}"
+
+
 def pod_status(k: int, pod: dict[str, Any] | None, suspended: bool) -> NodeJobStatus:
     """Node K's part of the job from its pod (None: no pod yet, or it was deleted)."""
     if pod is None:
@@ -48,10 +57,9 @@ def pod_status(k: int, pod: dict[str, Any] | None, suspended: bool) -> NodeJobSt
     term = (cs.get("state") or {}).get("terminated") or {}
     raw = {"pod": (pod.get("metadata") or {}).get("name"), "phase": phase, "node": (pod.get("spec") or {}).get(
         "nodeName")}
-    disrupted = _cond(pod, "DisruptionTarget")
-    if disrupted is not None and phase in ("Failed", "Running", "Pending"):
-        why = f"{disrupted.get('reason') or 'DisruptionTarget'}: {disrupted.get('message') or 'pod disrupted'}"
-        return NodeJobStatus(k, JobState.PREEMPTED, None, why, raw=raw)
+    disrupted = disruption(pod)
+    if disrupted is not None:
+        return NodeJobStatus(k, JobState.PREEMPTED, None, disrupted, raw=raw)
     if phase == "Pending":
         waiting = (cs.get("state") or {}).get("waiting") or {}
         sched = next((c for c in st.get("conditions") or [] if c.get("type") == "PodScheduled"), None)
