@@ -10,10 +10,10 @@ handed to obstore as a credential provider), and errors translated here into gtr
 Integrity is unchanged: every PUT carries ``x-amz-checksum-sha256`` (object_store's ``checksum_algorithm``; S3
 verifies it and stores it), ``gtrain-sha256`` metadata, and a single-part ETag must equal our md5. Large
 uploads keep the journaled, resumable multipart of :class:`gtrain.sync.s3.S3Backend` (obstore's multipart has
-no resume across processes).
+no resume across processes). A CA bundle (``AWS_CA_BUNDLE``) is added to the roots obstore trusts.
 
 Falls back to the stdlib wire client (:class:`S3Backend` as it is) where obstore cannot do what the
-environment asks: not installed, a CA bundle (``AWS_CA_BUNDLE``), an endpoint only botocore can resolve
+environment asks: not installed, an endpoint only botocore can resolve
 (FIPS / dual-stack / per-service profile sections), a proxy in the environment, or ``GTRAIN_SYNC_ENGINE=wire``.
 """
 
@@ -41,7 +41,7 @@ def usable(settings: s3wire.Settings) -> bool:
     """Whether obstore can serve this environment exactly as the wire client would."""
     if os.environ.get("GTRAIN_SYNC_ENGINE", "").lower() == "wire":
         return False
-    if settings.ca_bundle or settings.needs_botocore_endpoint or any(os.environ.get(v) for v in _PROXY_VARS):
+    if settings.needs_botocore_endpoint or any(os.environ.get(v) for v in _PROXY_VARS):
         return False
     try:
         import obstore  # noqa: F401
@@ -87,7 +87,10 @@ class ObstoreS3Backend(S3Backend):
         else:  # a bucket of another region: the wire follows S3's redirect once, obstore then signs for it
             self.wire.request("HEAD", bucket, ok=(200, 301, 403, 404))
             region = self.wire._route(bucket).region
-        opts = {"allow_http": "true"} if (s.endpoint_url or "").startswith("http://") else {}
+        opts: dict[str, Any] = {"allow_http": "true"} if (s.endpoint_url or "").startswith("http://") else {}
+        if s.ca_bundle and not opts:  # added to the trusted roots (boto3 replaces them with the bundle)
+            with self._errors(None):
+                opts["root_certificate"] = Path(s.ca_bundle).expanduser().read_bytes()
         if s.static is not None:
             c = s.static
             kw.update(access_key_id=c.access_key, secret_access_key=c.secret_key)
