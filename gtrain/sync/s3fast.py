@@ -91,12 +91,12 @@ class ObstoreS3Backend(S3Backend):
         if s.ca_bundle and not opts:  # added to the trusted roots (boto3 replaces them with the bundle)
             with self._errors(None):
                 opts["root_certificate"] = Path(s.ca_bundle).expanduser().read_bytes()
+        kw["client_options"] = opts
         if s.static is not None:
             c = s.static
             kw.update(access_key_id=c.access_key, secret_access_key=c.secret_key)
             if c.token:
                 kw["token"] = c.token
-            st = S3Store(bucket, region=region, client_options=opts, **kw)
         else:
             wire = self.wire
 
@@ -105,8 +105,8 @@ class ObstoreS3Backend(S3Backend):
                 return {"access_key_id": c.access_key, "secret_access_key": c.secret_key, "token": c.token,
                         "expires_at": _dt.datetime.now(_dt.UTC) + _dt.timedelta(minutes=5)}
 
-            st = S3Store(bucket, region=region, client_options=opts, credential_provider=provider,  # type: ignore[arg-type]
-                         **kw)
+            kw["credential_provider"] = provider
+        st = S3Store(bucket, region=region, **kw)
         self._stores[bucket] = st
         return st
 

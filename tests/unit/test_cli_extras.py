@@ -145,3 +145,16 @@ def test_readme_first_screen_says_how_to_install_and_which_extra_each_provider_n
     spec.write_text(SSH_SPEC)
     r = run_blocked(tmp_path, ["paramiko"], "up", str(spec))
     assert r.returncode == 2 and f"pip install 'gtrain[{rows['ssh']}]'" in r.stderr, r.stderr
+
+
+def test_missing_extra_ends_on_a_cycle_in_the_exception_chain() -> None:
+    from gtrain.cli.app import missing_extra
+
+    a = ModuleNotFoundError("No module named 'packaging'", name="packaging")
+    b = RuntimeError("wrapped")
+    a.__context__ = b
+    b.__context__ = a  # a cycle: walking __context__ never reaches None
+    assert missing_extra(b) is None  # ends (no owner frame on the chain), and names nothing it cannot own
+    c = ModuleNotFoundError("No module named 'google.auth'", name="google.auth")
+    c.__cause__ = c  # its own cause
+    assert missing_extra(c) == ("google.auth", "gcp")
