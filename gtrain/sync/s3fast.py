@@ -23,6 +23,7 @@ import builtins
 import datetime as _dt
 import hashlib
 import os
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -70,13 +71,18 @@ class ObstoreS3Backend(S3Backend):
     def __init__(self, **kw: Any) -> None:
         super().__init__(None, **kw)
         self._stores: dict[str, Any] = {}
+        self._stores_lock = threading.Lock()
 
     # -- the store of a bucket, built once per sync
 
     def _store(self, bucket: str) -> Any:
-        st = self._stores.get(bucket)
-        if st is not None:
+        with self._stores_lock:
+            st = self._stores.get(bucket)
+            if st is None:
+                st = self._stores[bucket] = self._new_store(bucket)
             return st
+
+    def _new_store(self, bucket: str) -> Any:
         from obstore.store import S3Store
 
         s = self.wire.settings
@@ -106,13 +112,14 @@ class ObstoreS3Backend(S3Backend):
                         "expires_at": _dt.datetime.now(_dt.UTC) + _dt.timedelta(minutes=5)}
 
             kw["credential_provider"] = provider
-        st = S3Store(bucket, region=region, **kw)
-        self._stores[bucket] = st
-        return st
+        # throttling and 5xx: retried with back-off, bounded as the wire client bounds it (5 tries, ~25 s)
+        kw["retry_config"] = {"max_retries": 4, "retry_timeout": _dt.timedelta(seconds=25)}
+        return S3Store(bucket, region=region, **kw)
 
     def _translate(self, e: Exception, url: RemoteURL | None, key: str | None) -> Exception:
-        if type(e).__module__.startswith("obstore") or isinstance(e, FileNotFoundError | PermissionError) \
-                and "Error performing" in str(e):
+        from_obstore = type(e).__module__.startswith("obstore") or (  # its NotFound is a builtin FileNotFoundError
+            isinstance(e, FileNotFoundError | PermissionError) and "Error performing" in str(e))
+        if from_obstore:
             status, code = _code(e)
             msg = str(e).split("\n", 1)[0][:300]
             if isinstance(e, FileNotFoundError):
@@ -179,10 +186,17 @@ class ObstoreS3Backend(S3Backend):
                     got += len(mv)
                     progress(len(mv))
         except OSError as e:
-            if e.filename is not None:  # our file, not the network
+            if e.filename is not None or got == 0:  # our file; or the GET itself failed (translated above)
                 raise
             progress(-got)
-            raise
+            raise s3wire.S3WireError(0, "StreamBroken", f"download broke ({type(e).__name__}): {e}",
+                                     bucket=url.bucket, key=obj.key) from e
+        except Exception as e:
+            if got == 0 or not type(e).__module__.startswith("obstore"):
+                raise
+            progress(-got)  # the body broke mid-way: the caller fetches it again from the start
+            raise s3wire.S3WireError(0, "StreamBroken", f"download broke ({type(e).__name__}): {e}",
+                                     bucket=url.bucket, key=obj.key) from e
         if got != r.meta["size"]:
             progress(-got)
             raise s3wire.S3WireError(0, "StreamBroken", f"download ended at {got} of {r.meta['size']} bytes",
@@ -197,7 +211,7 @@ class ObstoreS3Backend(S3Backend):
 
         def fetch(first: int, last: int) -> bytes:
             r = obstore.get(store, obj.key, options={"range": (first, last + 1), "if_match": f'"{obj.version}"'})
-            return bytes(r.bytes())
+            return memoryview(r.bytes())  # type: ignore[return-value]  # a buffer: written and hashed, no copy
 
         return download_ranges(self._workers(), dest, obj.size, self._part_size(obj.size), fetch, progress,
                                want_md5=obj.sha256 is None, where=f"s3://{url.bucket}/{obj.key}")
