@@ -90,9 +90,10 @@ class ObstoreS3Backend(S3Backend):
         kw: dict[str, Any] = {"checksum_algorithm": "sha256"}
         if s.endpoint_url:
             kw.update(endpoint=s.endpoint_url.rstrip("/"), virtual_hosted_style_request=False)
-        else:  # a bucket of another region: the wire follows S3's redirect once, obstore then signs for it
-            self.wire.request("HEAD", bucket, ok=(200, 301, 403, 404))
-            region = self.wire._route(bucket).region
+        # a bucket of another region: the wire follows S3's redirect (x-amz-bucket-region) once, obstore then signs
+        # for that region (object_store does not follow it)
+        self.wire.request("HEAD", bucket, ok=(200, 403, 404))
+        region = self.wire._route(bucket).region
         opts: dict[str, Any] = {"allow_http": "true"} if (s.endpoint_url or "").startswith("http://") else {}
         if s.ca_bundle and not opts:  # added to the trusted roots (boto3 replaces them with the bundle)
             with self._errors(None):
@@ -210,8 +211,15 @@ class ObstoreS3Backend(S3Backend):
         store = self._store(url.bucket)
 
         def fetch(first: int, last: int) -> bytes:
-            r = obstore.get(store, obj.key, options={"range": (first, last + 1), "if_match": f'"{obj.version}"'})
-            return memoryview(r.bytes())  # type: ignore[return-value]  # a buffer: written and hashed, no copy
+            for attempt in range(3):  # a body cut short is asked for again (a changed object fails If-Match)
+                try:
+                    r = obstore.get(store, obj.key, options={"range": (first, last + 1),
+                                                             "if_match": f'"{obj.version}"'})
+                    return memoryview(r.bytes())  # type: ignore[return-value]  # a buffer: written, hashed, no copy
+                except Exception as e:
+                    if attempt == 2 or type(e).__name__ != "GenericError" or _code(e)[0]:
+                        raise
+            raise AssertionError("unreachable")  # pragma: no cover
 
         return download_ranges(self._workers(), dest, obj.size, self._part_size(obj.size), fetch, progress,
                                want_md5=obj.sha256 is None, where=f"s3://{url.bucket}/{obj.key}")

@@ -70,3 +70,59 @@ def test_wire_engine_when_asked(weed_env: Weed, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.delenv("GTRAIN_SYNC_ENGINE")
     monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")  # proxies stay on the wire client (CONNECT, auth)
     assert type(_backend("s3://some-bucket/x")) is S3Backend
+
+
+def test_obstore_refetches_a_cut_body_and_follows_a_bucket_region(tmp_path: Path, weed_env: Weed, weed_s3: Any,
+                                                                  weed_bucket: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relay in front of the server cuts one small GET and one ranged GET in half, and answers 301 with
+    ``x-amz-bucket-region`` to anything signed for another region than eu-west-1: on obstore both bodies are
+    fetched again, the region is followed once, and nothing partial is kept."""
+    import re
+    import socket
+
+    from tests.integration.test_sync_s3 import SMALL_PARTS, MiB, _Relay, leftovers
+
+    broken: list[str] = []
+    regions: list[str] = []
+
+    def relay_fn(h: Any, body: bytes | None, data: bytes) -> bool:
+        if not data:
+            m = re.search(r"Credential=[^/]+/\d+/([^/]+)/s3/", h.headers.get("Authorization", ""))
+            regions.append(m.group(1) if m else "?")
+            if regions[-1] == "eu-west-1":
+                return False
+            err = b"<Error><Code>PermanentRedirect</Code><Message>use the bucket's region</Message></Error>"
+            h.send_response(301)
+            h.send_header("x-amz-bucket-region", "eu-west-1")
+            h.send_header("Content-Length", str(len(err)))
+            h.end_headers()
+            h.wfile.write(err if h.command != "HEAD" else b"")
+            return True
+        victim = h.path.endswith("/victim.bin") or (h.path.endswith("/big.bin")
+                                                   and h.headers.get("Range", "").startswith("bytes=0-"))
+        if h.command != "GET" or not victim or h.path in broken:
+            return False
+        broken.append(h.path)
+        h.wfile.write(data[: len(data) // 2])  # half the body, then the connection goes
+        h.wfile.flush()
+        h.connection.shutdown(socket.SHUT_RDWR)
+        h.close_connection = True
+        return True
+
+    relay = _Relay(weed_env.endpoint.removeprefix("http://"), relay_fn)
+    try:
+        data, big = os.urandom(300_000), os.urandom(11 * MiB)
+        weed_s3.put_object(Bucket=weed_bucket, Key="b/victim.bin", Body=data)
+        weed_s3.put_object(Bucket=weed_bucket, Key="b/big.bin", Body=big)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", relay.endpoint)
+        assert type(_backend(f"s3://{weed_bucket}/b")) is ObstoreS3Backend
+        regions.clear()
+        dst = tmp_path / "dst"
+        r = sync(f"s3://{weed_bucket}/b", str(dst), **SMALL_PARTS)  # type: ignore[arg-type]
+        assert r.downloaded == 2 and len(broken) == 2  # a whole GET and a ranged GET were cut short
+        assert (dst / "victim.bin").read_bytes() == data and (dst / "big.bin").read_bytes() == big
+        assert leftovers(dst) == []
+        assert regions[0] == "us-east-1" and set(regions[1:]) == {"eu-west-1"}  # one redirect, then signed right
+    finally:
+        relay.close()
