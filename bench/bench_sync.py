@@ -1,10 +1,12 @@
 """Benchmark ``gtrain sync`` (not a test) against the tools a user would pick instead, on real servers.
 
-* S3, on ONE SeaweedFS server (``weed mini``, Go, SigV4 checked): the ``gtrain sync`` command vs ``s5cmd sync``,
+* S3, on ONE SeaweedFS server (``weed mini``, Go, SigV4 checked): the ``gtrain sync`` command (on obstore, the
+  compiled engine, and ``gtrain-wire``: ``GTRAIN_SYNC_ENGINE=wire``, the stdlib client) vs ``s5cmd sync``,
   ``rclone sync`` (16 transfers, 16 checkers) and ``aws s3 sync`` (awscli, if found), each a new process, on
   the same data in one run: 1,000 files of 1-8 KiB + one 200 MiB file. Phases: upload, no-change re-sync
   (best of 3), download; then the 200 MiB file alone (upload, download). Each tool has a bucket of its own.
-  ``weed``'s CPU seconds per phase are recorded: where it is near the wall time, the server is the limit.
+  ``weed``'s CPU seconds per phase are recorded: where it is near the wall time, the server is the limit; so is
+  each tool's own CPU (user + system of the process and its children).
 * GCS on fake-gcs-server and Azure Blob on Azurite: gtrain alone (no fast rival runs there), against the
   emulator's own CPU cost per phase.
 
@@ -21,6 +23,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import subprocess
 import sys
@@ -39,7 +42,7 @@ from tests.fixtures.seaweedfs import start_weed  # noqa: E402
 from tests.services import free_port, stop, wait_http  # noqa: E402
 
 MiB = 1024 * 1024
-TOOLS = ("gtrain", "s5cmd", "rclone", "awscli")
+TOOLS = ("gtrain", "gtrain-wire", "s5cmd", "rclone", "awscli")
 
 
 def cpu_s(pid: int) -> float:
@@ -61,16 +64,20 @@ def make_data(root: Path, small: int, large_mib: int) -> None:
     (root / "all" / "ckpt.pt").hardlink_to(big)
 
 
-def run(cmd: list[str], env: dict[str, str]) -> None:
+def run(cmd: list[str], env: dict[str, str]) -> float:
+    """Run ``cmd``; returns its CPU seconds (user + system, itself and what it waited for)."""
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if p.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+    return (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
 
 
 def s3_commands(tool: str, endpoint: str, aws: str | None) -> Callable[[str, str], list[str]] | None:
     """How ``tool`` syncs a to b (one side local, the other s3://bucket/prefix)."""
     venv_bin = Path(sys.executable).parent
-    if tool == "gtrain":
+    if tool in ("gtrain", "gtrain-wire"):  # gtrain-wire: GTRAIN_SYNC_ENGINE=wire, the stdlib client
         return lambda a, b: [sys.executable, "-m", "gtrain", "sync", a, b, "--json"]
     if tool == "s5cmd":
         exe = venv_bin / "s5cmd" if (venv_bin / "s5cmd").exists() else shutil.which("s5cmd")
@@ -113,20 +120,21 @@ def bench_s3(data: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]
                 out["tools"][tool] = None
                 print(f"  {tool}: not found, skipped", flush=True)
                 continue
-            bucket = f"bench-{tool}"
+            bucket = f"bench-{tool}".replace("-wire", "wire")
             s3.create_bucket(Bucket=bucket)
-            tenv = renv if tool == "rclone" else env
-            res: dict[str, Any] = {"wall_s": {}, "weed_cpu_s": {}}
+            tenv = renv if tool == "rclone" else {**env, "GTRAIN_SYNC_ENGINE": "wire"} if tool == "gtrain-wire" else env
+            res: dict[str, Any] = {"wall_s": {}, "cpu_s": {}, "weed_cpu_s": {}}
 
             def phase(name: str, a: str, b: str, times: int = 1) -> None:
-                walls, cpus = [], []
+                walls, cpus, own = [], [], []
                 for _ in range(times):
                     c0, t0 = cpu_s(weed.proc.pid), time.monotonic()
-                    run(cmd(a, b), tenv)  # noqa: B023 - called at once
+                    own.append(run(cmd(a, b), tenv))  # noqa: B023 - called at once
                     walls.append(time.monotonic() - t0)
                     cpus.append(cpu_s(weed.proc.pid) - c0)
                 i = walls.index(min(walls))
                 res["wall_s"][name], res["weed_cpu_s"][name] = round(walls[i], 3), round(cpus[i], 3)  # noqa: B023
+                res["cpu_s"][name] = round(own[i], 3)  # noqa: B023
 
             phase("upload", str(data / "all"), f"s3://{bucket}/all")
             phase("noop_resync", str(data / "all"), f"s3://{bucket}/all", times=3)
@@ -144,10 +152,11 @@ def bench_s3(data: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]
 
 def gtrain_phases(url: str, data: Path, work: Path, env: dict[str, str], server_pid: int) -> dict[str, Any]:
     res: dict[str, Any] = {"wall_s": {}, "server_cpu_s": {}}
+    res["cpu_s"] = {}
     for name, a, b in (("upload", str(data / "all"), url), ("noop_resync", str(data / "all"), url),
                        ("download", url, str(work / "down"))):
         c0, t0 = cpu_s(server_pid), time.monotonic()
-        run([sys.executable, "-m", "gtrain", "sync", a, b, "--json"], env)
+        res["cpu_s"][name] = round(run([sys.executable, "-m", "gtrain", "sync", a, b, "--json"], env), 3)
         res["wall_s"][name] = round(time.monotonic() - t0, 3)
         res["server_cpu_s"][name] = round(cpu_s(server_pid) - c0, 3)
     shutil.rmtree(work / "down")
@@ -200,6 +209,9 @@ def table(s3: dict[str, Any]) -> list[str]:
     for tool, res in s3["tools"].items():
         if res:
             lines.append(f"{tool:<14}" + "".join(f"{res['wall_s'][p]:>14.3f}" for p in phases))
+    for tool, res in s3["tools"].items():
+        if res:
+            lines.append(f"{tool + ' CPU':<14}" + "".join(f"{res['cpu_s'][p]:>14.3f}" for p in phases))
     lines.append(f"{'weed CPU (gt)':<14}" + "".join(f"{s3['tools']['gtrain']['weed_cpu_s'][p]:>14.3f}"
                                                      for p in phases))
     lines.append(f"{'ratio':<14}" + "".join(f"{s3['ratio_vs_best_anchor'].get(p, 0):>14.2f}" for p in phases))

@@ -140,6 +140,14 @@ def make_backend(url: RemoteURL, *, fld: str, client_factory: Callable[[], Any] 
     if url.scheme == "s3":
         from gtrain.sync.s3 import S3Backend
 
+        if client is None:  # the compiled engine where it serves this environment (gtrain.sync.s3fast)
+            from gtrain.sync import s3fast
+
+            fast = s3fast.ObstoreS3Backend(fld=fld, workers=workers, multipart_threshold=multipart_threshold,
+                                           part_size=part_size)
+            if s3fast.usable(fast.wire.settings):
+                return fast
+            client = fast.wire
         return S3Backend(client, fld=fld, workers=workers, multipart_threshold=multipart_threshold,
                          part_size=part_size)
     from gtrain.sync.gcs import GCSBackend

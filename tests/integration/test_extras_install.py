@@ -59,6 +59,12 @@ def test_aws_extra_syncs_to_a_bucket(tmp_path: Path, wheel: Path, seaweedfs, wee
     (src / "a.txt").write_text("hello")
     r = _gtrain(v, "sync", str(src), f"s3://{weed_bucket}/x", env=seaweedfs.env())
     assert r.returncode == 0, r.stdout + r.stderr
+    # the extra brings the compiled engine, and it is the one that moved the bytes (gtrain/sync/s3fast.py)
+    probe = ("from gtrain.sync.objstore import make_backend, parse_location; "
+             f"print(type(make_backend(parse_location('s3://{weed_bucket}/x', 'DST'), fld='DST')).__name__)")
+    r = subprocess.run([str(v / "bin" / "python"), "-c", probe], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, **seaweedfs.env()})
+    assert r.stdout.strip() == "ObstoreS3Backend", r.stdout + r.stderr
 
 
 #: provider extra -> (its spec, one more command that reaches the extra's own packages, or None)

@@ -87,7 +87,7 @@ def test_extras_are_complete(repo_root: Path) -> None:
         return out
 
     assert {"paramiko", "cryptography"} <= names("ssh")
-    assert {"boto3", "botocore", "cryptography", "paramiko"} <= names("aws")
+    assert {"boto3", "botocore", "cryptography", "paramiko", "obstore"} <= names("aws")
     assert {"google-cloud-compute", "google-cloud-storage", "paramiko", "cryptography"} <= names("gcp")
     assert names("ssh") | names("aws") | names("gcp") | names("train") <= names("all")
 
@@ -145,3 +145,4 @@ def test_readme_first_screen_says_how_to_install_and_which_extra_each_provider_n
     spec.write_text(SSH_SPEC)
     r = run_blocked(tmp_path, ["paramiko"], "up", str(spec))
     assert r.returncode == 2 and f"pip install 'gtrain[{rows['ssh']}]'" in r.stderr, r.stderr
+

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-HEAVY = ("typer", "click", "rich", "pydantic", "jinja2", "paramiko", "boto3", "botocore", "google", "azure", "torch")
+HEAVY = ("typer", "click", "rich", "pydantic", "jinja2", "paramiko", "boto3", "botocore", "google", "azure", "torch",
+         "obstore")
 
 
 def imported(*args: str, env: dict[str, str] | None = None) -> set[str]:
