@@ -9,8 +9,10 @@ import json
 import os
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from gtrain.checkpoints.node import PARTIAL, Uploader, cmd_restore
+from gtrain.checkpoints.ship import pull_from_store
 from gtrain.checkpoints.store import Store
 from tests.integration.test_durable_local import bucket
 
@@ -98,6 +100,11 @@ def test_restore_takes_the_newest_whole_step_and_the_pointer_names_it(moto_serve
     (kept,) = (n0 / PARTIAL).glob("global_step4-*[0-9]")
     assert (kept / "zero_pp_rank_0_optim_states.pt").read_text() == "shard 0 at 4"
     assert not (n0 / "global_step4.done").exists()
+    # a pull takes every whole checkpoint and `latest` as the store has it, then makes it name the newest pulled
+    pulled = tmp_path / "pulled"
+    pull_from_store(SimpleNamespace(id="j", info={"checkpoint_store": store.where.rsplit("/c/run-2", 1)[0],  # type: ignore[arg-type]
+                                                  "checkpoint_key": "c/run-2"}), pulled)
+    assert (pulled / "latest").read_text() == "global_step2" and not (pulled / "global_step4").exists()
     # node 1 writes its part of step 4 late: step 4 is whole, restored, and `latest` follows it
     _step(n1, 1, 4, t + 4.3)
     (n1 / "global_step4.done").write_text("")
