@@ -87,7 +87,8 @@ class Checkpoint:
         """The step folder this small file names (its newest copy's ``points_to``), when it is a pointer."""
         if not self.manifests:
             return None
-        newest = max(self.manifests.values(), key=lambda m: (float(m.get("mtime") or 0), float(m.get("written_at") or 0)))
+        newest = max(self.manifests.values(),
+                     key=lambda m: (float(m.get("mtime") or 0), float(m.get("written_at") or 0)))
         target = newest.get("points_to")
         return target if isinstance(target, str) and target else None
 

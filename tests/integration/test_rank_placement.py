@@ -34,7 +34,8 @@ def _ctx(launcher: str, node: int, num_nodes: int, job_dir: Path, port: int = 29
                        node_ips=["127.0.0.1"] * num_nodes, node_addr="127.0.0.1", master_addr="127.0.0.1",
                        master_port=port, nproc_per_node=2, job_dir=str(job_dir), workdir=str(job_dir),
                        checkpoint_dir=str(job_dir / "ckpt"), python=sys.executable, argv=[], join_timeout=60,
-                       launcher=launcher, launcher_options={"_distributed_type": ""} if launcher == "accelerate" else {})
+                       launcher=launcher,
+                       launcher_options={"_distributed_type": ""} if launcher == "accelerate" else {})
 
 
 @pytest.mark.parametrize("launcher", NAMES)
