@@ -32,7 +32,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from gtrain.checkpoints.store import META_DIR, Store
+from gtrain.checkpoints.store import META_DIR, Store, pointer_target
 from gtrain.errors import GtrainError
 
 DONE_SUFFIX = ".done"
@@ -173,7 +173,9 @@ class Uploader:
                 src = self._snapshot(name, sig) if files == [name] else self.root
                 if src is None:
                     continue  # rewritten while it was copied: the next pass takes the next completed write
-                doc = self.store.upload(self.node, src, name, files, attempt=self.attempt)
+                steps = {n for n, fs in entries(self.root).items() if fs != [n]}
+                points_to = pointer_target(src / name, steps) if files == [name] else None
+                doc = self.store.upload(self.node, src, name, files, attempt=self.attempt, points_to=points_to)
             except (GtrainError, OSError) as e:
                 _say(f"upload of {name} failed (retried next pass): {getattr(e, 'message', e)}")
                 continue
@@ -305,14 +307,51 @@ def cmd_restore(store: Store, node: int, root: Path, job_dir: Path) -> dict[str,
         doc: dict[str, object] = {"resume_from": "", "name": None, "files": 0, "bytes": 0}
     else:
         doc = {"resume_from": str(root / ckpt.name), "name": ckpt.name, "files": len(got), "kept": len(kept),
-               "bytes": nbytes, "conflicts": store.conflicts}
+               "bytes": nbytes, "conflicts": store.conflicts, "pointers": store.pointed,
+               "set_aside": set_aside_partial(store, root, ckpt.name)}
         for c in store.conflicts:
             print(f"gtrain-ckpt: restore conflict: {c}", file=sys.stderr, flush=True)
+        for name in doc["set_aside"]:  # type: ignore[attr-defined]
+            print(f"[gtrain ckpt] {name}: not complete on every node, set aside in {PARTIAL}/ (newer than "
+                  f"{ckpt.name}, restored)", file=sys.stderr, flush=True)
     if skipped:
         doc["skipped"] = [{"name": n, "why": w} for n, w in skipped]
     doc["seconds"] = round(time.monotonic() - t0, 3)
     (job_dir / "ckpt-restored.json").write_text(json.dumps(doc))
     return doc
+
+
+PARTIAL = ".gtrain-partial"  # under checkpoint_dir: hidden, so neither a trainer nor the uploader takes it
+
+
+def set_aside_partial(store: Store, root: Path, restored: str) -> list[str]:
+    """Move the step folders of this node that the store holds only in part (a node slower to write had not
+    written its part) and that are newer than the checkpoint restored into ``root/.gtrain-partial/``: a
+    trainer that resumes from the highest-numbered folder (Hugging Face's ``get_last_checkpoint``) then finds
+    the one restored, never a partial one. Nothing is deleted. Returns their names."""
+    try:
+        since = max(os.stat(root / f).st_mtime for f in entries(root).get(restored, []))
+    except (OSError, ValueError):
+        return []
+    out = []
+    for c in store.listing:
+        path = root / c.name
+        if c.complete or c.name == restored or not path.is_dir() or path.is_symlink():
+            continue
+        files = entries(root).get(c.name) or []
+        try:
+            if not files or max(os.stat(root / f).st_mtime for f in files) <= since:
+                continue
+            dest = root / PARTIAL / f"{c.name}-{int(time.time())}"
+            dest.parent.mkdir(exist_ok=True)
+            os.replace(path, dest)
+            marker = root / f"{c.name}{DONE_SUFFIX}"
+            if marker.exists():
+                os.replace(marker, dest.with_name(dest.name + DONE_SUFFIX))
+        except OSError:
+            continue
+        out.append(c.name)
+    return out
 
 
 def cmd_agent(store: Store, job_id: str, node: int, root: Path, job_dir: Path, attempt: int) -> None:

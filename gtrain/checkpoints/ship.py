@@ -223,7 +223,7 @@ class StoreHasNoCheckpoint(SyncError):
 def pull_from_store(job: JobRecord, dest: Path, report: Reporter | None = None) -> PullResult:
     """``gtrain pull`` of a job with a store: every complete checkpoint, straight from the store (no node is
     asked; each file verified by sha256)."""
-    from gtrain.checkpoints.store import LinkInDest, Store
+    from gtrain.checkpoints.store import LinkInDest, Store, point, restorable
     from gtrain.sync.pull import MARKER, MARKER_TEXT, PullResult, check_dest
 
     st = Store(str(job.info["checkpoint_store"]), store_key(job))
@@ -256,6 +256,9 @@ def pull_from_store(job: JobRecord, dest: Path, report: Reporter | None = None) 
             res.skipped += kept
             res.bytes += nbytes
             res.nodes = sorted(set(res.nodes) | set(ckpt.manifests))
+        pulled = [c for c in restorable(st.listing) if c.name not in {r["name"] for r in res.refused}]
+        if pulled:  # a pointer pulled (DeepSpeed's latest) names the newest whole step pulled
+            point(dest, pulled[-1], st.listing)
         if len(res.refused) == len(done):
             raise SyncError(f"{st.where}: every complete checkpoint was refused: "
                             + "; ".join(f"{r['name']}: {r['why']}" for r in res.refused))

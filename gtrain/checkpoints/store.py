@@ -15,10 +15,13 @@ Layout under ``job.checkpoint_store`` (``s3://bucket/prefix``, ``gs://bucket/pre
 given.)
 
 A checkpoint is a top-level entry of checkpoint_dir (a file ``step-10.pt`` or a folder ``step-10/``). It is
-COMPLETE in the store when some node's manifest names it and every node that has objects under it has its
-manifest too (a node still uploading has objects but no manifest yet). Restore puts the union of every
-node's files of the newest complete checkpoint on each node: torchrun assigns ranks anew on every launch, so
-what only rank 0's node wrote must reach every node.
+COMPLETE in the store when some node's manifest names it, every node that has objects under it has its
+manifest too (a node still uploading has objects but no manifest yet), and, for a step folder, every node
+that wrote the previous step folder wrote this one (a node slower to write its ranks' part has not yet: the
+step is partial). Restore puts the union of every node's files of the newest complete checkpoint on each
+node: what only rank 0's node wrote must reach every node. A POINTER (a small file beside the step folders
+naming one of them: DeepSpeed's ``latest``) is no checkpoint of its own: after a restore it names the step
+restored.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from gtrain.sync.model import Backend, RemoteObject, RemoteURL
 
 META_DIR = ".gtrain"
 FRESH = ".gtrain-fresh.json"
+POINTER_MAX = 256  # bytes: a pointer file (DeepSpeed's ``latest``) holds a step folder's name, no more
 
 
 class LinkInDest(SyncError):
@@ -66,10 +70,27 @@ class Checkpoint:
     name: str
     manifests: dict[int, dict[str, Any]] = field(default_factory=dict)  # node -> manifest
     writers: set[int] = field(default_factory=set)  # nodes with data objects under it
+    expected: set[int] = field(default_factory=set)  # a step folder: the nodes that wrote the previous one
 
     @property
     def complete(self) -> bool:
-        return bool(self.manifests) and self.writers <= set(self.manifests)
+        return bool(self.manifests) and (self.writers | self.expected) <= set(self.manifests)
+
+    @property
+    def folder(self) -> bool:
+        """A step folder (``checkpoint-N/``, ``global_stepN/``): its files lie under its name."""
+        return any("/" in str(f.get("path")) for m in self.manifests.values() for f in m["files"]
+                   if isinstance(f, dict))
+
+    @property
+    def pointer(self) -> str | None:
+        """The step folder this small file names (its newest copy's ``points_to``), when it is a pointer."""
+        if not self.manifests:
+            return None
+        newest = max(self.manifests.values(),
+                     key=lambda m: (float(m.get("mtime") or 0), float(m.get("written_at") or 0)))
+        target = newest.get("points_to")
+        return target if isinstance(target, str) and target else None
 
     @property
     def mtime(self) -> float:
@@ -121,6 +142,8 @@ class Store:
         self.backend = backend or make_backend(self.url, fld="job.checkpoint_store", workers=workers)
         self._listed: dict[str, RemoteObject] | None = None  # the last listing of checkpoints()
         self.conflicts: list[str] = []  # what the last restore() found: same-time copies that differ
+        self.listing: list[Checkpoint] = []  # what the last checkpoints() found
+        self.pointed: list[str] = []  # the pointer files the last restore_newest() made name its checkpoint
 
     def close(self) -> None:
         self.backend.close()
@@ -150,9 +173,11 @@ class Store:
         self._put_bytes(FRESH, json.dumps({"since": since, "files": []}).encode())
         return since
 
-    def upload(self, node: int, root: Path, name: str, files: list[str], *, attempt: int = 0) -> dict[str, Any]:
+    def upload(self, node: int, root: Path, name: str, files: list[str], *, attempt: int = 0,
+               points_to: str | None = None) -> dict[str, Any]:
         """Upload checkpoint ``name`` (``files``: paths relative to ``root``), each verified by checksum on the
-        wire, then its manifest. A file that changes while it is uploaded fails the checkpoint (SyncError)."""
+        wire, then its manifest (``points_to``: it is a pointer file naming that step folder). A file that
+        changes while it is uploaded fails the checkpoint (SyncError)."""
         entries: list[dict[str, Any]] = []
         mtime = 0.0
 
@@ -172,6 +197,8 @@ class Store:
         mtime = max((e["mtime"] for e in entries), default=0.0)
         doc = {"name": name, "node": node, "files": entries, "mtime": mtime, "written_at": time.time(),
                "attempt": attempt}
+        if points_to:
+            doc["points_to"] = points_to
         self._put_bytes(f"node-{node}/{META_DIR}/{name}.json", json.dumps(doc, indent=1).encode())
         return doc
 
@@ -219,10 +246,19 @@ class Store:
         for name in [n for n, c in found.items() if since and not c.manifests and not c.writers]:
             del found[name]
         self._listed = objs
-        return sorted(found.values(), key=lambda c: (c.mtime, c.name))
+        ordered = sorted(found.values(), key=lambda c: (c.mtime, c.name))
+        # a step folder is whole once every node that wrote the previous one wrote it (per-rank files, ZeRO
+        # shards: a node slower to write has not yet); the first folder of a run has no previous to go by
+        prev: Checkpoint | None = None
+        for c in ordered:
+            if c.manifests and c.folder:
+                c.expected = set(prev.manifests) if prev is not None else set()
+                prev = c
+        self.listing = ordered
+        return ordered
 
     def newest_complete(self) -> Checkpoint | None:
-        done = [c for c in self.checkpoints() if c.complete]
+        done = restorable(self.checkpoints())
         return done[-1] if done else None
 
     def problem(self, ckpt: Checkpoint) -> str | None:
@@ -263,11 +299,12 @@ class Store:
         do not match them (truncated, altered, missing) is refused and the next older one is tried. Each one
         refused is appended to ``skip`` as (name, why). Returns (checkpoint or None, downloaded, kept, bytes)."""
         skipped = skip if skip is not None else []
-        for ckpt in reversed([c for c in self.checkpoints() if c.complete]):
+        for ckpt in reversed(restorable(self.checkpoints())):
             why = self.problem(ckpt)
             if why is None:
                 try:
                     got, kept, nbytes = self.restore(ckpt, dest)
+                    self.pointed = point(dest, ckpt, self.listing)
                     return ckpt, got, kept, nbytes
                 except SyncError as e:
                     why = e.message
@@ -333,3 +370,47 @@ class Store:
         got = [r for r, n in zip(rels, sizes, strict=True) if n >= 0]
         kept = [r for r, n in zip(rels, sizes, strict=True) if n < 0]
         return got, kept, sum(n for n in sizes if n > 0)
+
+
+def restorable(ckpts: list[Checkpoint]) -> list[Checkpoint]:
+    """The complete checkpoints a restore may pick, oldest first: no pointer file; only step folders when the
+    run keeps a pointer beside them (then a helper file written after a step, as DeepSpeed's copy of
+    ``zero_to_fp32.py``, is no step of its own)."""
+    done = [c for c in ckpts if c.complete and c.pointer is None]
+    if any(c.pointer for c in ckpts):
+        done = [c for c in done if c.folder]
+    return done
+
+
+def pointer_target(path: Path, names: set[str]) -> str | None:
+    """The entry of ``names`` the small file at ``path`` names (its whole text, stripped), else None."""
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > POINTER_MAX:
+            return None
+        text = path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text if text in names and text != path.name else None
+
+
+def point(dest: Path, ckpt: Checkpoint, ckpts: list[Checkpoint]) -> list[str]:
+    """After ``ckpt`` (a step folder) was restored or pulled into ``dest``: every pointer file there (the store's,
+    and a small file of dest naming a step folder) names it, so a trainer resuming by its pointer (DeepSpeed's
+    ``latest``) loads the step that is there and whole, never a partial or missing one. Returns those rewritten."""
+    if not ckpt.folder:
+        return []
+    names = {c.name for c in ckpts} | {p.name for p in dest.iterdir() if p.is_dir()}
+    pointers = {c.name for c in ckpts if c.pointer}
+    pointers |= {p.name for p in dest.iterdir() if pointer_target(p, names)}
+    out = []
+    for name in sorted(pointers - {ckpt.name}):
+        path = dest / name
+        if path.is_symlink() or path.is_dir():
+            continue
+        if path.is_file() and pointer_target(path, names | {ckpt.name}) == ckpt.name:
+            continue
+        tmp = dest / f".{name}.gtrain-tmp"
+        tmp.write_text(ckpt.name)  # as DeepSpeed writes its tag: the name alone
+        os.replace(tmp, path)
+        out.append(name)
+    return out

@@ -45,14 +45,22 @@ def test_a_slowly_written_checkpoint_is_uploaded_only_once_complete(moto_server:
                 f.flush()
                 time.sleep(0.3)
             time.sleep(1.5)  # unchanged longer than the settle time, but still open: not complete
+            with passing:  # closed between two passes, never during one (that pass may rightly take it)
+                closing.set()
+                f.close()
 
+    closing, passing = threading.Event(), threading.Lock()
     t = threading.Thread(target=writer)
     t.start()
     writing.wait()
-    while t.is_alive():
-        assert up.one_pass() == 0
-        assert not [c for c in store.checkpoints() if c.manifests]
+    while True:
+        with passing:
+            if closing.is_set():
+                break
+            assert up.one_pass() == 0
+            assert not [c for c in store.checkpoints() if c.manifests]
         time.sleep(0.1)
+    t.join()
     time.sleep(0.9)
     assert up.one_pass() == 1 and up.one_pass() == 0  # once, and not again while unchanged
     (ck,) = store.checkpoints()
