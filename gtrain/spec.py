@@ -118,8 +118,13 @@ class Resources(_Model):
         return self.accelerators.split(":")[0] if self.accelerators else None
 
     @property
+    def tpu(self) -> bool:
+        """``accelerators`` names a Cloud TPU slice (``tpu-v5p-32``): its hosts are the nodes, it has no GPUs."""
+        return bool(self.accelerators) and self.accelerators.startswith("tpu-")  # type: ignore[union-attr]
+
+    @property
     def gpus_per_node(self) -> int:
-        return int(self.accelerators.split(":")[1]) if self.accelerators else 0
+        return int(self.accelerators.split(":")[1]) if self.accelerators and not self.tpu else 0
 
     def region_list(self) -> list[str]:
         if self.regions:
@@ -294,6 +299,15 @@ class ClusterSpec(_Model):
         provider_given = isinstance(data, dict) and data.get("provider") is not None
         spec = handler(default_provider(data) if isinstance(data, dict) else data)
         settle(spec, provider_given)
+        if spec.resources.tpu:  # a slice's worker hosts are its nodes
+            from gtrain.providers.tpu.types import lookup
+
+            hosts = lookup(spec.resources.accelerators or "").hosts
+            if "num_nodes" not in spec.model_fields_set:
+                spec.num_nodes = hosts
+            elif spec.num_nodes != hosts:
+                raise ValueError(f"num_nodes: {spec.num_nodes} does not match {spec.resources.accelerators}, a slice "
+                                 f"of {hosts} worker host(s); drop num_nodes or set it to {hosts}")
         allowed = candidate_providers(spec) or [spec.provider]
         for name, section in sections.items():
             if name not in allowed:
