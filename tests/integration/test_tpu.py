@@ -73,9 +73,12 @@ def test_queued_spot_with_zone_failover_preempted_recreated_and_gc(fake_tpu: Fak
         ctx.provider("gcp").replace_nodes(c, [0, 1])  # what recovery does: the slice is made again, whole
         assert [g.status for g in ctx.provider("gcp").describe(c)] == ["running", "running"]
         # the state database forgets the cluster: gc finds the slice by its label and deletes it
-        found = ctx.provider("gcp").gc(None, set(), delete=False)
+        # (the TPU part of `gtrain gc --provider gcp`; the whole command runs in test_tpu_e2e.py)
+        tpus = ctx.provider("gcp").tpu  # type: ignore[attr-defined]
+        found = tpus.gc(PROJECT, set(), delete=False, regions=None)
         assert {(o.kind, o.cluster_id) for o in found.orphans} >= {("tpu-node", c.id), ("tpu-queued-resource", c.id)}
-        assert ctx.provider("gcp").gc(None, set(), delete=True).deleted
+        assert not tpus.gc(PROJECT, {c.id}, delete=False, regions=None).orphans  # a live cluster's are not orphans
+        assert tpus.gc(PROJECT, set(), delete=True, regions=["europe-west4"]).deleted
         assert fake_tpu.of_cluster(c.id) == {"node": [], "queuedResource": []}
     finally:
         core.down("tpu-queued", ctx)

@@ -139,7 +139,7 @@ class TPUSlices:
             zones = [_zone(live[0]["name"])]
         for n in found:
             if n not in live:
-                self.delete_slice(project, _zone(n["name"]), cluster)
+                self.delete_slice(project, _zone(n["name"]), cluster, poll_s=opts.poll_s)
         attempts = Attempts()
         for zone in zones:
             try:
@@ -147,11 +147,11 @@ class TPUSlices:
             except (CapacityError, QuotaError) as e:
                 attempts.add(zone, e)
                 self.report.warn(f"{zone}: {e.message}; trying the next zone")
-                self.delete_slice(project, zone, cluster)
+                self.delete_slice(project, zone, cluster, poll_s=opts.poll_s)
                 continue
             except BaseException:
                 try:
-                    self.delete_slice(project, zone, cluster)
+                    self.delete_slice(project, zone, cluster, poll_s=opts.poll_s)
                 except GtrainError as e:
                     self.report.warn(f"could not clean up after the failed attempt: {e.message}")
                 raise
@@ -197,7 +197,7 @@ class TPUSlices:
         return self._wait_ready(project, zone, cluster.id, opts, t)
 
     def _wait_queued(self, qr_name: str, opts: GCPOptions, timeout: float = 3600) -> None:
-        deadline, last = time.monotonic() + timeout, ""
+        deadline, last, delay = time.monotonic() + timeout, "", 0.05
         while True:
             qr = self.api.call("GET", qr_name, "queuedResources.get")
             st = (qr.get("state") or {}).get("state", "")
@@ -214,11 +214,12 @@ class TPUSlices:
                                        str(err.get("message") or st), None, f"queued resource {qr_name}")
             if time.monotonic() > deadline:
                 raise CapacityError(f"queued resource {qr_name}: still {st} after {timeout:.0f}s")
-            time.sleep(opts.poll_s)
+            time.sleep(delay)
+            delay = min(delay * 2, opts.poll_s)
 
     def _wait_ready(self, project: str, zone: str, name: str, opts: GCPOptions, t: TPUType,
                     timeout: float = 1800) -> dict[str, Any]:
-        deadline, last = time.monotonic() + timeout, ""
+        deadline, last, delay = time.monotonic() + timeout, "", 0.05
         while True:
             node = self.api.node(project, zone, name)
             if node is None:
@@ -233,7 +234,8 @@ class TPUSlices:
                 raise CapacityError(f"TPU {name} in {zone} became {st} before it was ready")
             if time.monotonic() > deadline:
                 raise ProviderError(f"TPU {name} in {zone} not READY after {timeout:.0f}s ({st})")
-            time.sleep(opts.poll_s)
+            time.sleep(delay)
+            delay = min(delay * 2, opts.poll_s)
 
     def record(self, spec: ClusterSpec, cluster: Cluster, plan: Plan, opts: GCPOptions, project: str, zone: str,
                node: dict[str, Any], t: TPUType) -> None:
@@ -311,11 +313,12 @@ class TPUSlices:
                 op = self.api.delete(name, f"{what} {cid}", force=force)
                 if op is not None and op.get("name"):
                     self.api.wait_op(op, f"{what} {cid}", poll_s=poll_s)
-            deadline = time.monotonic() + 600
+            deadline, delay = time.monotonic() + 600, 0.05
             while self.api.node(project, z, cid) is not None:
                 if time.monotonic() > deadline:
                     raise ProviderError(f"TPU {cid} in {z} still there 600 s after delete")
-                time.sleep(poll_s)
+                time.sleep(delay)
+                delay = min(delay * 2, poll_s)
         if cluster is not None:
             self.ledger.mark_live(cid, "deleted", kind="tpu-node")
             self.ledger.mark_live(cid, "deleted", kind="tpu-queued-resource")
