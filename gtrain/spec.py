@@ -122,6 +122,11 @@ class Resources(_Model):
         """``accelerators`` names a Cloud TPU slice (``tpu-v5p-32``): its hosts are the nodes, it has no GPUs."""
         return bool(self.accelerators) and self.accelerators.startswith("tpu-")  # type: ignore[union-attr]
 
+    def accelerator_env(self) -> dict[str, str]:
+        """What every rank's environment gets for the accelerator: a TPU slice's PyTorch/XLA needs
+        ``PJRT_DEVICE=TPU`` (JAX finds the chips itself); ``job.env`` may override it."""
+        return {"PJRT_DEVICE": "TPU"} if self.tpu else {}
+
     @property
     def gpus_per_node(self) -> int:
         return int(self.accelerators.split(":")[1]) if self.accelerators and not self.tpu else 0

@@ -1,0 +1,72 @@
+"""End to end on a Cloud TPU slice (the fake TPU API v2, tests/fixtures/fake_tpu.py): `gtrain run` of a
+``tpu-v4-16`` spec (2 worker hosts) makes the TPU node in the fake; each worker (``<node>-wN``) is reached
+through ``gcp.ssh_proxy_command`` on a real sshd host (tests/fixtures/sshd.py), which gets the cluster's key from
+the node's ``ssh-keys`` metadata as the TPU VM's guest environment would. JAX on CPU stands in for the chips: the
+jax launcher starts one process per worker and ``jax.distributed`` joins them (a psum across the workers).
+`run` tears the slice down and nothing is left in the fake; then an orphan slice (its state forgotten) is found
+by its label by `gtrain gc --provider gcp` and deleted."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+import gtrain
+from gtrain.context import Context
+from gtrain.providers.gcp.provider import GCPProvider
+from gtrain.remote import ssh as sshmod
+from gtrain.state import StateStore
+from tests.fixtures.fake_tpu import FakeTPU
+from tests.integration.node_relay import relay_hosts
+
+ROOT = Path(__file__).resolve().parents[2]
+RELAY = Path(__file__).parent / "node_relay.py"
+
+
+@pytest.mark.slow
+def test_run_jax_psum_on_a_two_worker_slice_then_gc_finds_an_orphan(fake_tpu: FakeTPU, ssh_hosts, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                                     gtrain_home: Path) -> None:
+    sshmod.close_all()
+    relay_dir = tmp_path / "relay"
+    hosts = relay_hosts(ssh_hosts, relay_dir)
+    work = tmp_path / "work"
+    shutil.copytree(ROOT / "examples" / "jax", work)
+    spec = tmp_path / "tpu-e2e.yaml"
+    spec.write_text(json.dumps({
+        "name": "tpu-e2e", "provider": "gcp",
+        "resources": {"accelerators": "tpu-v4-16"},
+        "gcp": {"ssh_user": hosts[0].user, "ssh_proxy_command": f"{sys.executable} {RELAY} tpu {relay_dir} %h",
+                "ssh_timeout_s": 60, "poll_s": 0.2},
+        "job": {"workdir": str(work), "run": "train.py --steps 3", "launcher": "jax", "python": sys.executable,
+                "env": {"OMP_NUM_THREADS": "1", "JAX_PLATFORMS": "cpu"}},
+    }))
+    lines: list = []  # type: ignore[type-arg]
+    res = gtrain.run(spec, on_line=lines.append, to=tmp_path / "pulled")
+    texts = [ln.text for ln in lines]
+    assert (res.status, res.exit_code) == ("succeeded", 0), texts[-30:]
+    out = sorted(t for t in texts if t.startswith("jax process") and "psum" in t)
+    assert [t.split(" devices")[0] for t in out] == ["jax process 0 of 2", "jax process 1 of 2"], texts[-30:]
+    assert all(t.endswith("psum 3.0") for t in out)  # (0 + 1) + (1 + 1): both workers took part
+    mapping = json.loads((relay_dir / "map.json").read_text())
+    cid = next(iter(mapping)).rsplit("-w", 1)[0]
+    assert sorted(mapping) == [f"{cid}-w0", f"{cid}-w1"]  # each worker host reached by its own name
+    assert fake_tpu.of_cluster(cid) == {"node": [], "queuedResource": []}  # run's down left nothing
+
+    # an orphan: a slice whose state database is gone (a fresh GTRAIN_HOME); gc finds it by its label
+    body = {"acceleratorType": "v4-8", "runtimeVersion": "tpu-ubuntu2204-base",
+            "labels": {"gtrain-cluster": "orphan-0123abcd"}, "networkConfig": {"network": "global/networks/default"},
+            "metadata": {"ssh-keys": "gtrain:ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOrphan gtrain"}}
+    import urllib.request
+
+    req = urllib.request.Request(f"{fake_tpu.endpoint}/v2/projects/gtrain-test/locations/us-central2-b/nodes"
+                                 "?nodeId=orphan-0123abcd", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(req, timeout=10).close()
+    provider = GCPProvider(StateStore(), Context(store=StateStore()).report)
+    found = provider.gc(None, set(), delete=True)
+    assert ("tpu-node", "orphan-0123abcd") in {(o.kind, o.cluster_id) for o in found.orphans}
+    assert fake_tpu.of_cluster("orphan-0123abcd") == {"node": [], "queuedResource": []}
