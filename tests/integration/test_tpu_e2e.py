@@ -9,7 +9,6 @@ by its label by `gtrain gc --provider gcp` and deleted."""
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -23,8 +22,15 @@ from gtrain.state import StateStore
 from tests.fixtures.fake_tpu import FakeTPU
 from tests.integration.node_relay import relay_hosts
 
-ROOT = Path(__file__).resolve().parents[2]
 RELAY = Path(__file__).parent / "node_relay.py"
+#: what a slice's program does first: every worker's process joins jax.distributed (gtrain's jax launcher
+#: called initialize) and a psum runs across all of them
+PSUM = """import jax, jax.numpy as jnp
+n = jax.local_device_count()
+total = jax.pmap(lambda v: jax.lax.psum(v, "i"), axis_name="i")(jnp.full((n,), jax.process_index() + 1.0))
+print(f"jax process {jax.process_index()} of {jax.process_count()} devices {jax.device_count()} "
+      f"psum {float(total[0])}", flush=True)
+"""
 
 
 @pytest.mark.slow
@@ -34,14 +40,15 @@ def test_run_jax_psum_on_a_two_worker_slice_then_gc_finds_an_orphan(fake_tpu: Fa
     relay_dir = tmp_path / "relay"
     hosts = relay_hosts(ssh_hosts, relay_dir)
     work = tmp_path / "work"
-    shutil.copytree(ROOT / "examples" / "jax", work)
+    work.mkdir()
+    (work / "psum.py").write_text(PSUM)
     spec = tmp_path / "tpu-e2e.yaml"
     spec.write_text(json.dumps({
         "name": "tpu-e2e", "provider": "gcp",
         "resources": {"accelerators": "tpu-v4-16"},
         "gcp": {"ssh_user": hosts[0].user, "ssh_proxy_command": f"{sys.executable} {RELAY} tpu {relay_dir} %h",
                 "ssh_timeout_s": 60, "poll_s": 0.2},
-        "job": {"workdir": str(work), "run": "train.py --steps 3", "launcher": "jax", "python": sys.executable,
+        "job": {"workdir": str(work), "run": "psum.py", "launcher": "jax", "python": sys.executable,
                 "env": {"OMP_NUM_THREADS": "1", "JAX_PLATFORMS": "cpu"}},
     }))
     lines: list = []  # type: ignore[type-arg]
