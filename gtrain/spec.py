@@ -94,7 +94,7 @@ def _reserved_name(k: str) -> str | None:
 class Resources(_Model):
     accelerators: str | None = Field(
         None, description="GPU model and count per node, `GPU:COUNT` (`A100:8`, `H100`); COUNT 1..16, default 1; "
-        "a name in lower case is upper-cased")
+        "a name in lower case is upper-cased; or a Cloud TPU slice, `tpu-v5p-32` (gcp; docs/providers/tpu.md)")
     instance_type: str | None = Field(None, description="the provider's machine type (aws, gcp)")
     use_spot: bool = Field(False, description="spot / preemptible capacity (aws, gcp; local refuses it)")
     region: str | None = Field(None, description="one region")

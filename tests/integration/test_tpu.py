@@ -15,6 +15,7 @@ from gtrain.errors import CapacityError, ConfigError
 from gtrain.providers.gcp.provider import GCPProvider
 from gtrain.spec import ClusterSpec, parse_spec
 from gtrain.state import StateStore
+from tests.fixtures.fake_gce import FakeGCE
 from tests.fixtures.fake_tpu import PROJECT, FakeTPU
 
 pytestmark = pytest.mark.usefixtures("fake_tpu")
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.usefixtures("fake_tpu")
 
 def spec(name: str, accel: str = "tpu-v4-16", *, resources: dict[str, Any] | None = None, **gcp: Any) -> ClusterSpec:
     return parse_spec({"name": name, "provider": "gcp", "resources": {"accelerators": accel, **(resources or {})},
-                       "gcp": {"wait_ssh": False, "poll_s": 0.05, **gcp}})
+                       "gcp": {"wait_ssh": False, "poll_s": 0.05, "ssh_cidr": "198.51.100.7/32", **gcp}})
 
 
 def context() -> Context:
@@ -31,7 +32,7 @@ def context() -> Context:
     return ctx
 
 
-def test_node_up_records_each_worker_host_then_down_leaves_nothing(fake_tpu: FakeTPU) -> None:
+def test_node_up_records_each_worker_host_then_down_leaves_nothing(fake_tpu: FakeTPU, fake_gce: FakeGCE) -> None:
     ctx = context()
     res = core.up(spec("tpu-node"), ctx)
     c = res.cluster
@@ -49,9 +50,13 @@ def test_node_up_records_each_worker_host_then_down_leaves_nothing(fake_tpu: Fak
         assert [s.status for s in ctx.provider("gcp").describe(c)] == ["running", "running"]
         assert "health HEALTHY" in ctx.provider("gcp").describe(c)[0].detail
         assert res.plan.price_per_hour == pytest.approx(3.22 * 4)  # per host: $/chip-h x 4 chips
+        # the cluster's firewall rules aim at the slice's network tag: 22 from ssh_cidr, all between its workers
+        assert node["tags"] == [f"gtrain-{c.id}"]
+        assert fake_gce.of_cluster(c.id)["firewall"] == [f"gtrain-{c.id}-int", f"gtrain-{c.id}-ssh"]
     finally:
         core.down("tpu-node", ctx)
     assert fake_tpu.of_cluster(c.id) == {"node": [], "queuedResource": []}
+    assert fake_gce.of_cluster(c.id) == {"instance": [], "firewall": []}  # its firewall rules went too
 
 
 def test_queued_spot_with_zone_failover_preempted_recreated_and_gc(fake_tpu: FakeTPU) -> None:

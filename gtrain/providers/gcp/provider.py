@@ -130,8 +130,16 @@ class GCPProvider(CloudProvider):
     # ---- provision ----
 
     def provision(self, spec: ClusterSpec, cluster: Cluster, plan: Plan) -> None:
-        if spec.resources.tpu:
-            return self.tpu.provision(spec, cluster, plan)
+        if spec.resources.tpu:  # the same firewall rules, aimed at the slice's network tag
+            opts = gcp_options(spec.gcp)
+            project = self.project(opts)
+            made = self._ensure_firewalls(cluster, project, opts, resolve_ssh_cidr(
+                opts.ssh_cidr, opts.ssh_proxy_command, "gcp", " (IAP)"))
+            try:
+                return self.tpu.provision(spec, cluster, plan)
+            except BaseException:
+                self._undo(project, cluster, None, [], made)
+                raise
         opts = gcp_options(spec.gcp)
         project = self.project(opts)
         offer = self.zones.offer(spec, None if not spec.resources.region_list() else spec.resources.region_list()[0])
@@ -320,7 +328,10 @@ class GCPProvider(CloudProvider):
 
     def terminate(self, cluster: Cluster) -> None:
         if self._is_tpu(cluster):
-            return self.tpu.terminate(cluster)
+            self.tpu.terminate(cluster)
+            self.teardown.delete_firewalls(self.project(self._opts(cluster)), cluster.id, cluster)
+            return finish_down(self.ledger, self.report, cluster, [], f"of cluster {cluster.id}",
+                               "gtrain gc --provider gcp --yes")
         project = self.project(self._opts(cluster))
         known = [(n.zone or n.extra.get("zone") or "", n.instance_id or "")
                  for n in self.store.node_records(cluster.id) if n.instance_id]
