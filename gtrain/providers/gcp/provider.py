@@ -133,12 +133,12 @@ class GCPProvider(CloudProvider):
         if spec.resources.tpu:  # the same firewall rules, aimed at the slice's network tag
             opts = gcp_options(spec.gcp)
             project = self.project(opts)
-            made = self._ensure_firewalls(cluster, project, opts, resolve_ssh_cidr(
+            made_rules = self._ensure_firewalls(cluster, project, opts, resolve_ssh_cidr(
                 opts.ssh_cidr, opts.ssh_proxy_command, "gcp", " (IAP)"))
             try:
                 return self.tpu.provision(spec, cluster, plan)
             except BaseException:
-                self._undo(project, cluster, None, [], made)
+                self._undo(project, cluster, None, [], made_rules)
                 raise
         opts = gcp_options(spec.gcp)
         project = self.project(opts)

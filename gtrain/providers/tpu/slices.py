@@ -97,7 +97,8 @@ class TPUSlices:
             notes.append("a spot slice can be preempted (state PREEMPTED) at any time; recovery remakes it whole")
         return Plan(provider="gcp", num_nodes=t.hosts, instance_type=t.name,
                     market="spot" if spot else "on-demand", region=zones[0].rsplit("-", 1)[0], zone=zones[0],
-                    gpu_name=f"tpu-{t.generation} chips", gpus_per_node=t.chips_per_host, price_per_hour=per_host, max_hours=spec.policies.max_hours,
+                    gpu_name=f"tpu-{t.generation} chips", gpus_per_node=t.chips_per_host, price_per_hour=per_host,
+                    max_hours=spec.policies.max_hours,
                     notes=notes)
 
     # ---- provision ----
