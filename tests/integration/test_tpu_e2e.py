@@ -77,3 +77,57 @@ def test_run_jax_psum_on_a_two_worker_slice_then_gc_finds_an_orphan(fake_tpu: Fa
     found = provider.gc(None, set(), delete=True)
     assert ("tpu-node", "orphan-0123abcd") in {(o.kind, o.cluster_id) for o in found.orphans}
     assert fake_tpu.of_cluster("orphan-0123abcd") == {"node": [], "queuedResource": []}
+
+
+@pytest.mark.slow
+def test_spot_slice_preempted_mid_run_is_recreated_and_resumes_from_the_store(  # type: ignore[no-untyped-def]
+        fake_tpu: FakeTPU, moto_bridge: str, ssh_hosts, tmp_path: Path, gtrain_home: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The slice's node becomes PREEMPTED (its workers' processes and connections die with it, as a TPU VM's
+    do); the watcher (`gtrain wait`) learns it from the TPU API, remakes the whole slice (the same worker names,
+    so the relay gives them the same hosts), relaunches under the same job id, every worker restores from the
+    store, and the run ends with the weights of an uninterrupted one."""
+    from tests.integration import durable_nodes as dn
+
+    sshmod.close_all()
+    monkeypatch.setenv("GTRAIN_WATCH_POLL_S", "1")
+    relay_dir = tmp_path / "relay"
+    hosts = relay_hosts(ssh_hosts, relay_dir)
+    spec, store = dn.durable_spec(
+        tmp_path, "tpuspot", moto_bridge, provider="gcp",
+        resources={"accelerators": "tpu-v4-16", "use_spot": True},
+        gcp={"ssh_user": hosts[0].user, "ssh_proxy_command": f"{sys.executable} {RELAY} tpu {relay_dir} %h",
+             "ssh_timeout_s": 60, "poll_s": 0.2, "queued": True})
+    notes = dn.Notes()
+    res = gtrain.up(spec, report=notes)
+    assert res.created and res.cluster is not None
+    cid = res.cluster.id
+    first = fake_tpu.nodes[f"projects/gtrain-test/locations/us-central2-b/nodes/{cid}"]["createTime"]
+    preempted: dict[str, int] = {}
+    try:
+        job = gtrain.launch(spec, report=notes)
+
+        def preempt() -> None:
+            fake_tpu.preempt(cid)  # the TPU API says so; then every worker VM is gone with its processes
+            preempted["killed"] = dn.kill9(dn.pids_where(
+                lambda env, cmd: dn.of_node(job.job_id, 0)(env, cmd) or dn.of_node(job.job_id, 1)(env, cmd)
+                or (b"node_relay.py" in cmd and f"{cid}-w".encode() in cmd)))
+
+        killer = dn.when_in_store(store, dn.run_key(spec), "step-0003.pt", preempt)
+        lines: list = []  # type: ignore[type-arg]
+        final = gtrain.wait("tpuspot", job_id=job.job_id, on_line=lines.append, report=notes)
+        killer.join(timeout=1)
+        assert preempted.get("killed"), "the slice was never preempted"
+        assert (final.status, final.exit_code) == ("succeeded", 0), dn.why(lines, notes, final)
+        recs = final.info["recoveries"]
+        assert len(recs) == 1 and recs[0]["kind"] == "preemption", recs
+        assert recs[0]["lost"] == [0, 1] and recs[0]["reprovision"] == [0, 1] and "PREEMPTED" in recs[0]["detail"]
+        node = fake_tpu.nodes[f"projects/gtrain-test/locations/us-central2-b/nodes/{cid}"]
+        assert node["state"] == "READY" and node.get("queuedResource")  # a new slice, through a new queued resource
+        pulled = gtrain.pull("tpuspot", job_id=job.job_id, to=tmp_path / "out")
+        assert "final.pt" in pulled.transferred
+        dn.check_resumed_same_weights(lines, tmp_path / "out" / "final.pt")
+    finally:
+        gtrain.down("tpuspot", yes=True)
+    assert fake_tpu.of_cluster(cid) == {"node": [], "queuedResource": []}
+    assert first  # (the first slice's createTime; the slice above is a new one)
