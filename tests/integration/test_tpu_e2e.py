@@ -123,11 +123,11 @@ def test_spot_slice_preempted_mid_run_is_recreated_and_resumes_from_the_store(  
         assert len(recs) == 1 and recs[0]["kind"] == "preemption", recs
         assert recs[0]["lost"] == [0, 1] and recs[0]["reprovision"] == [0, 1] and "PREEMPTED" in recs[0]["detail"]
         node = fake_tpu.nodes[f"projects/gtrain-test/locations/us-central2-b/nodes/{cid}"]
-        assert node["state"] == "READY" and node.get("queuedResource")  # a new slice, through a new queued resource
+        # a new slice (made after the first), through a new queued resource
+        assert node["state"] == "READY" and node.get("queuedResource") and node["createTime"] > first
         pulled = gtrain.pull("tpuspot", job_id=job.job_id, to=tmp_path / "out")
         assert "final.pt" in pulled.transferred
         dn.check_resumed_same_weights(lines, tmp_path / "out" / "final.pt")
     finally:
         gtrain.down("tpuspot", yes=True)
     assert fake_tpu.of_cluster(cid) == {"node": [], "queuedResource": []}
-    assert first  # (the first slice's createTime; the slice above is a new one)
