@@ -96,3 +96,25 @@ def test_tpu_api_errors_become_gtrains() -> None:
     e = translate_status("INVALID_ARGUMENT", "Invalid runtime version 'x'", 400, "nodes.create")
     assert isinstance(e, ConfigError) and e.field == "gcp.runtime_version"
     assert isinstance(translate_status("PERMISSION_DENIED", "no", 403, "x"), CredentialsError)
+
+
+def test_health_counts_jax_devices_per_worker_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """JAX on CPU with 4 forced host devices stands in for a TPU host's chips: the count is checked against the
+    type's chips per host (v4: 4 → right count, but CPU devices: a warning, no libtpu; v5litepod-8: 8 → a
+    failure); a host without JAX fails."""
+    from gtrain.health.model import Verdict
+    from gtrain.health.tpu import probe, tpu_checks, verdict
+    from gtrain.remote.local import LocalRunner
+
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    s = parse_spec({"name": "h", "provider": "gcp", "resources": {"accelerators": "tpu-v4-16"},
+                    "job": {"run": "x.py", "python": sys.executable}})
+    [c] = tpu_checks(s, [LocalRunner(tmp_path, label="node-0")])
+    assert (c.name, c.verdict, c.figure, c.data) == ("tpu.chips", Verdict.WARN, "4/4 cpu",
+                                                     {"count": 4, "platform": "cpu"}), c
+    assert (verdict("tpu-v5litepod-8", 8, 0, c.data).verdict, verdict("tpu-v5litepod-8", 8, 0, c.data).figure) \
+        == (Verdict.FAIL, "4/8")
+    assert verdict("tpu-v4-16", 4, 0, {"count": 4, "platform": "tpu"}).verdict == Verdict.OK
+    no_jax = probe(LocalRunner(tmp_path), "/bin/false")
+    assert verdict("tpu-v4-16", 4, 1, no_jax).verdict == Verdict.FAIL and "exit 1" in str(no_jax["error"])

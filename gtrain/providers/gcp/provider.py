@@ -427,10 +427,14 @@ class GCPProvider(CloudProvider):
 
         project = options.get("project")
         proj = self.project(gcp_options({"project": project} if project else {}))
-        tpus = self.tpu.gc(proj, live_cluster_ids, delete, list(regions) if regions else None)
+        try:  # TPU slices too; a project without the TPU API (or access to it) still has its VMs swept
+            tpus = self.tpu.gc(proj, live_cluster_ids, delete, list(regions) if regions else None)
+        except GtrainError as e:
+            tpus = GCResult([proj], warnings=[f"Cloud TPU slices not looked at: {e.message}"])
         res = sweep(self.teardown, self.project(gcp_options({"project": project} if project else {})),
                      live_cluster_ids, delete,
                      list(regions) if regions else None, self.report)
         res.orphans += tpus.orphans
+        res.warnings += tpus.warnings
         res.deleted = res.deleted or tpus.deleted
         return res
