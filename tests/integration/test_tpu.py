@@ -54,7 +54,11 @@ def test_node_up_records_each_worker_host_then_down_leaves_nothing(fake_tpu: Fak
         assert node["tags"] == [f"gtrain-{c.id}"]
         assert fake_gce.of_cluster(c.id)["firewall"] == [f"gtrain-{c.id}-int", f"gtrain-{c.id}-ssh"]
     finally:
-        core.down("tpu-node", ctx)
+        down = core.down("tpu-node", ctx)
+    # cost: one interval per worker host at $/chip-h x its chips, stored at start; billed with a 1-minute minimum
+    assert [(ln.node_rank, ln.instance_type, ln.price_per_hour) for ln in down.cost.lines] == [
+        (0, "tpu-v4-16", pytest.approx(12.88)), (1, "tpu-v4-16", pytest.approx(12.88))]
+    assert all(ln.cost_usd == pytest.approx(12.88 / 60, abs=1e-5) for ln in down.cost.lines), down.cost.lines
     assert fake_tpu.of_cluster(c.id) == {"node": [], "queuedResource": []}
     assert fake_gce.of_cluster(c.id) == {"instance": [], "firewall": []}  # its firewall rules went too
 

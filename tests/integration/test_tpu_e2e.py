@@ -30,6 +30,8 @@ n = jax.local_device_count()
 total = jax.pmap(lambda v: jax.lax.psum(v, "i"), axis_name="i")(jnp.full((n,), jax.process_index() + 1.0))
 print(f"jax process {jax.process_index()} of {jax.process_count()} devices {jax.device_count()} "
       f"psum {float(total[0])}", flush=True)
+import os
+print(f"env PJRT_DEVICE={os.environ.get('PJRT_DEVICE')} NODE_RANK={os.environ['GTRAIN_NODE_RANK']}", flush=True)
 """
 
 
@@ -58,6 +60,7 @@ def test_run_jax_psum_on_a_two_worker_slice_then_gc_finds_an_orphan(fake_tpu: Fa
     out = sorted(t for t in texts if t.startswith("jax process") and "psum" in t)
     assert [t.split(" devices")[0] for t in out] == ["jax process 0 of 2", "jax process 1 of 2"], texts[-30:]
     assert all(t.endswith("psum 3.0") for t in out)  # (0 + 1) + (1 + 1): both workers took part
+    assert sorted(t for t in texts if t.startswith("env ")) == [f"env PJRT_DEVICE=TPU NODE_RANK={r}" for r in (0, 1)]
     mapping = json.loads((relay_dir / "map.json").read_text())
     cid = next(iter(mapping)).rsplit("-w", 1)[0]
     assert sorted(mapping) == [f"{cid}-w0", f"{cid}-w1"]  # each worker host reached by its own name
