@@ -305,14 +305,9 @@ class ClusterSpec(_Model):
         spec = handler(default_provider(data) if isinstance(data, dict) else data)
         settle(spec, provider_given)
         if spec.resources.tpu:  # a slice's worker hosts are its nodes
-            from gtrain.providers.tpu.types import lookup
+            from gtrain.providers.tpu.types import settle_nodes
 
-            hosts = lookup(spec.resources.accelerators or "").hosts
-            if "num_nodes" not in spec.model_fields_set:
-                spec.num_nodes = hosts
-            elif spec.num_nodes != hosts:
-                raise ValueError(f"num_nodes: {spec.num_nodes} does not match {spec.resources.accelerators}, a slice "
-                                 f"of {hosts} worker host(s); drop num_nodes or set it to {hosts}")
+            settle_nodes(spec)
         allowed = candidate_providers(spec) or [spec.provider]
         for name, section in sections.items():
             if name not in allowed:

@@ -13,8 +13,9 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
-__all__ = ["RUNTIMES", "TPUType", "is_tpu", "lookup", "snapshot", "topology_chips", "tpu_types"]
+__all__ = ["RUNTIMES", "TPUType", "is_tpu", "lookup", "settle_nodes", "snapshot", "topology_chips", "tpu_types"]
 
 CSV = Path(__file__).with_name("tpu.csv")
 PREFIX = "tpu-"
@@ -103,3 +104,14 @@ def topology_chips(topology: str) -> int:
     for part in topology.split("x"):
         n *= int(part)
     return n
+
+
+def settle_nodes(spec: Any) -> None:
+    """A slice spec's ``num_nodes`` is its worker hosts: taken from the type when not given, refused when it
+    differs (a ValueError, which the spec's validation names)."""
+    hosts = lookup(spec.resources.accelerators or "").hosts
+    if "num_nodes" not in spec.model_fields_set:
+        spec.num_nodes = hosts
+    elif spec.num_nodes != hosts:
+        raise ValueError(f"num_nodes: {spec.num_nodes} does not match {spec.resources.accelerators}, a slice "
+                         f"of {hosts} worker host(s); drop num_nodes or set it to {hosts}")
