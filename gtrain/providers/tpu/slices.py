@@ -95,6 +95,9 @@ class TPUSlices:
                  f"zones, in order: {', '.join(zones)}"]
         if spot:
             notes.append("a spot slice can be preempted (state PREEMPTED) at any time; recovery remakes it whole")
+        if spec.policies.max_hours or spec.policies.max_cost_usd:
+            notes.append("policies' time/cost limit: a TPU node has no run-duration limit of its own (no "
+                         "maxRunDuration in the TPU API); `gtrain down` (or `gtrain run`'s end) deletes the slice")
         return Plan(provider="gcp", num_nodes=t.hosts, instance_type=t.name,
                     market="spot" if spot else "on-demand", region=zones[0].rsplit("-", 1)[0], zone=zones[0],
                     gpu_name=f"tpu-{t.generation} chips", gpus_per_node=t.chips_per_host, price_per_hour=per_host,
