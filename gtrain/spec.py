@@ -94,7 +94,7 @@ def _reserved_name(k: str) -> str | None:
 class Resources(_Model):
     accelerators: str | None = Field(
         None, description="GPU model and count per node, `GPU:COUNT` (`A100:8`, `H100`); COUNT 1..16, default 1; "
-        "a name in lower case is upper-cased")
+        "a name in lower case is upper-cased; or a Cloud TPU slice, `tpu-v5p-32` (gcp; docs/providers/tpu.md)")
     instance_type: str | None = Field(None, description="the provider's machine type (aws, gcp)")
     use_spot: bool = Field(False, description="spot / preemptible capacity (aws, gcp; local refuses it)")
     region: str | None = Field(None, description="one region")
@@ -118,8 +118,18 @@ class Resources(_Model):
         return self.accelerators.split(":")[0] if self.accelerators else None
 
     @property
+    def tpu(self) -> bool:
+        """``accelerators`` names a Cloud TPU slice (``tpu-v5p-32``): its hosts are the nodes, it has no GPUs."""
+        return bool(self.accelerators) and self.accelerators.startswith("tpu-")  # type: ignore[union-attr]
+
+    def accelerator_env(self) -> dict[str, str]:
+        """What every rank's environment gets for the accelerator: a TPU slice's PyTorch/XLA needs
+        ``PJRT_DEVICE=TPU`` (JAX finds the chips itself); ``job.env`` may override it."""
+        return {"PJRT_DEVICE": "TPU"} if self.tpu else {}
+
+    @property
     def gpus_per_node(self) -> int:
-        return int(self.accelerators.split(":")[1]) if self.accelerators else 0
+        return int(self.accelerators.split(":")[1]) if self.accelerators and not self.tpu else 0
 
     def region_list(self) -> list[str]:
         if self.regions:
@@ -294,6 +304,10 @@ class ClusterSpec(_Model):
         provider_given = isinstance(data, dict) and data.get("provider") is not None
         spec = handler(default_provider(data) if isinstance(data, dict) else data)
         settle(spec, provider_given)
+        if spec.resources.tpu:  # a slice's worker hosts are its nodes
+            from gtrain.providers.tpu.types import settle_nodes
+
+            settle_nodes(spec)
         allowed = candidate_providers(spec) or [spec.provider]
         for name, section in sections.items():
             if name not in allowed:

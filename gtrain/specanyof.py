@@ -39,6 +39,10 @@ def check_accelerators(v: str | None) -> str | None:
     """``GPU:COUNT`` (COUNT 1..16, default 1), a lower-case name upper-cased."""
     if v is None:
         return v
+    if v.strip().lower().startswith("tpu-"):  # a Cloud TPU slice: type and size (docs/providers/tpu.md)
+        from gtrain.providers.tpu.types import lookup
+
+        return lookup(v).name
     m = ACCEL_RE.match(v)
     if not m:
         raise ValueError("must look like GPU:COUNT, e.g. A100:8 or H100:1")

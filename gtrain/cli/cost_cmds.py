@@ -71,6 +71,7 @@ def catalog(
                                  "GCP Cloud Billing Catalog into $GTRAIN_HOME/catalog/ (gcp: GTRAIN_GCP_API_KEY)."),
     spec: str = typer.Option(None, "--spec", metavar="SPEC", help="Price a spec's resources.any_of candidates "
                              "side by side, and say which `up` tries first and why (offline)."),
+    tpu: bool = typer.Option(False, "--tpu", help="Cloud TPU types (gcp): chips, hosts, zones, $/chip-hour."),
 ) -> None:
     """GPU instance offers from the catalog (shipped, or your refreshed copy), cheapest first."""
     out.set_json(json_)
@@ -78,6 +79,8 @@ def catalog(
 
     if spec is not None:
         return _candidates(spec, json_)
+    if tpu:
+        return _tpu_types(region, spot, json_)
 
     from gtrain import catalog as cat
     from gtrain.errors import ConfigError
@@ -136,3 +139,26 @@ def _candidates(spec: str, json_: bool) -> None:
         out.emit_json({"placement": res.placement, "plan": res.plan.to_dict()})
         return
     out.placement_table(res.placement)
+
+
+def _tpu_types(region: str | None, spot: bool, json_: bool) -> None:
+    """``gtrain catalog --tpu``: every Cloud TPU type (docs/providers/tpu.md), cheapest per chip first."""
+    from dataclasses import asdict
+
+    from gtrain.providers.tpu.types import snapshot, tpu_types
+
+    rows = [t for t in tpu_types().values() if region is None or t.region_zones(region)]
+    rows.sort(key=lambda t: (t.price_spot_chip_h if spot else t.price_ondemand_chip_h, t.generation, t.chips))
+    if json_:
+        out.emit_json({"tpu_types": [{**asdict(t), "name": t.name, "chips_per_host": t.chips_per_host,
+                                      "price_per_hour": t.price_per_hour(False),
+                                      "price_spot_per_hour": t.price_per_hour(True)} for t in rows],
+                       "snapshot": snapshot()})
+        return
+    out.table(None, ["accelerators", "chips", "hosts", "chips/host", "$/chip-h", "spot $/chip-h*", "$/h slice",
+                     "zones"],
+              [[t.name, t.chips, t.hosts, t.chips_per_host, out.fmt_usd(t.price_ondemand_chip_h),
+                out.fmt_usd(t.price_spot_chip_h), out.fmt_usd(t.price_per_hour(spot)),
+                " ".join(t.region_zones(region))] for t in rows])
+    out.say(f"* spot: the catalog's estimate. TPU prices snapshot {snapshot()}; `resources.accelerators: "
+            "tpu-v5p-32` in a gcp spec")

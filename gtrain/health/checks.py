@@ -69,6 +69,10 @@ def run_health(cluster: Cluster, ctx: Context, mode: str = "quick", spec: Cluste
         report.add(*gpu.node_checks(i, p, want_name, want_count), _disk(i, p))
         if store:
             report.add(_store(i, p))
+    if spec.resources.tpu:  # a TPU slice: JAX's device count per worker host instead of nvidia-smi
+        from gtrain.health.tpu import tpu_checks
+
+        report.add(*tpu_checks(spec, runners))
     if (versions := gpu.version_check(probes)) is not None:
         report.add(versions)
     if probes:

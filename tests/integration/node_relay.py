@@ -1,7 +1,7 @@
 """ProxyCommand for the cloud end-to-end tests: plays the part of a cloud instance's network and of its
 guest agent (cloud-init on EC2, the guest environment on GCE).
 
-    python node_relay.py aws|gcp|lambda|azure DIR INSTANCE
+    python node_relay.py aws|gcp|lambda|azure|tpu DIR INSTANCE
 
 ``DIR/hosts.json`` lists the sshd hosts (``{"hosts": [[addr, port], ...], "authorized_keys": path}``). The
 first time an instance is seen it is given the next free host (kept in ``DIR/map.json``; on AWS, when none is
@@ -93,6 +93,17 @@ def gcp_public_keys(name: str) -> list[str]:
     return [" ".join(line.split(":", 1)[1].split()[:2]) for line in items.get("ssh-keys", "").splitlines() if line]
 
 
+def tpu_public_keys(worker: str) -> list[str]:
+    """The ``ssh-keys`` metadata of the TPU node whose worker ``<node>-wN`` is %h, from the TPU API (the fake in
+    CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU), as the TPU VM's guest environment installs it on every worker."""
+    endpoint = os.environ["CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU"].rstrip("/")
+    with urllib.request.urlopen(f"{endpoint}/v2/projects/{os.environ['GOOGLE_CLOUD_PROJECT']}/locations/-/nodes",
+                                timeout=10) as r:
+        nodes = json.load(r).get("nodes", [])
+    node = next(n for n in nodes if n["name"].rsplit("/", 1)[-1] == worker.rsplit("-w", 1)[0])
+    return [" ".join(line.split(":", 1)[1].split()[:2]) for line in node["metadata"]["ssh-keys"].splitlines() if line]
+
+
 def lambda_public_keys(ip: str) -> list[str]:
     """The key of the instance at ``ip`` (%h), from Lambda's API (the fake in LAMBDA_API_URL), as Lambda installs it."""
 
@@ -159,7 +170,7 @@ def assign(cloud: str, d: Path, iid: str) -> tuple[str, int]:
                 sys.exit(f"relay: no sshd host left for {iid}")
             ak = Path(conf["authorized_keys"])
             keys_of = {"aws": aws_public_keys, "gcp": gcp_public_keys, "lambda": lambda_public_keys,
-                       "azure": azure_public_keys}[cloud]
+                       "azure": azure_public_keys, "tpu": tpu_public_keys}[cloud]
             for pub in keys_of(iid):
                 if pub not in ak.read_text():
                     with open(ak, "a") as f:
@@ -171,7 +182,7 @@ def assign(cloud: str, d: Path, iid: str) -> tuple[str, int]:
 
 def main() -> None:
     cloud, d, iid = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
-    if cloud not in ("aws", "gcp", "lambda", "azure"):
+    if cloud not in ("aws", "gcp", "lambda", "azure", "tpu"):
         sys.exit(f"relay: unknown cloud {cloud!r}")
     addr, port = assign(cloud, d, iid)
     s = socket.create_connection((addr, port), timeout=10)

@@ -36,6 +36,11 @@ class GCPOptions(CloudOptions):
     image_family: str = DEFAULT_IMAGE_FAMILY
     service_account: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
+    # Cloud TPU slices (resources.accelerators: tpu-...; docs/providers/tpu.md)
+    runtime_version: str = Field("auto", description="TPU software version (auto: the type's default, e.g. "
+                                 "v2-alpha-tpuv5 for v5p)")
+    queued: bool = Field(False, description="TPU: ask through a queued resource (spot and large slices)")
+    topology: str | None = Field(None, description="TPU: the slice's chip topology (2x2x4); default: the type's")
 
     @field_validator("project")
     @classmethod

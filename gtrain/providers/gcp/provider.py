@@ -55,12 +55,19 @@ class GCPProvider(CloudProvider):
     gc_scope: ClassVar[str | None] = "zone"
 
     def __init__(self, store: StateStore, report: Reporter = SILENT, *, clients: api.GCEClients | None = None,
-                 credentials: Any = None, max_workers: int = 32) -> None:
+                 credentials: Any = None, max_workers: int = 32, tpu_api: Any = None) -> None:
         super().__init__(store, report, max_workers=max_workers)
         self.compute = api.Compute(clients, credentials)
         self.zones = GCPZones(self.compute, report)
         self.instances = GCPInstances(self.compute, self.ledger, report, max_workers)
         self.teardown = GCPTeardown(self.compute, self.ledger, report, max_workers)
+        from gtrain.providers.tpu.slices import TPUSlices
+
+        self.tpu = TPUSlices(store, self.ledger, report, tpu_api)  # resources.accelerators: tpu-... (its folder)
+
+    @staticmethod
+    def _is_tpu(cluster: Cluster) -> bool:
+        return str((cluster.spec.get("resources") or {}).get("accelerators") or "").startswith("tpu-")
 
     @staticmethod
     def project(opts: GCPOptions) -> str:
@@ -72,6 +79,8 @@ class GCPProvider(CloudProvider):
     # ---- plan ----
 
     def plan(self, spec: ClusterSpec) -> Plan:
+        if spec.resources.tpu:
+            return self.tpu.plan(spec)
         opts = gcp_options(spec.gcp)
         res = spec.resources
         if res.regions and res.region and res.region not in res.regions:
@@ -121,6 +130,16 @@ class GCPProvider(CloudProvider):
     # ---- provision ----
 
     def provision(self, spec: ClusterSpec, cluster: Cluster, plan: Plan) -> None:
+        if spec.resources.tpu:  # the same firewall rules, aimed at the slice's network tag
+            opts = gcp_options(spec.gcp)
+            project = self.project(opts)
+            made_rules = self._ensure_firewalls(cluster, project, opts, resolve_ssh_cidr(
+                opts.ssh_cidr, opts.ssh_proxy_command, "gcp", " (IAP)"))
+            try:
+                return self.tpu.provision(spec, cluster, plan)
+            except BaseException:
+                self._undo(project, cluster, None, [], made_rules)
+                raise
         opts = gcp_options(spec.gcp)
         project = self.project(opts)
         offer = self.zones.offer(spec, None if not spec.resources.region_list() else spec.resources.region_list()[0])
@@ -237,6 +256,8 @@ class GCPProvider(CloudProvider):
         from gtrain import catalog
         from gtrain.providers.gcp.quota import gpu_metric, shortfall
 
+        if spec.resources.tpu:
+            return None
         regions_client = self.compute.clients.regions
         if regions_client is None or not plan.gpus_per_node or not plan.instance_type:
             return None
@@ -259,6 +280,8 @@ class GCPProvider(CloudProvider):
     # ---- describe ----
 
     def describe(self, cluster: Cluster) -> list[NodeStatus]:
+        if self._is_tpu(cluster):
+            return self.tpu.describe(cluster)
         project = self.project(self._opts(cluster))
         by_gtrain = cluster.status in ("terminating", "terminated")
         out: list[NodeStatus] = []
@@ -304,12 +327,36 @@ class GCPProvider(CloudProvider):
     # ---- terminate ----
 
     def terminate(self, cluster: Cluster) -> None:
+        if self._is_tpu(cluster):
+            self.tpu.terminate(cluster)
+            self.teardown.delete_firewalls(self.project(self._opts(cluster)), cluster.id, cluster)
+            return finish_down(self.ledger, self.report, cluster, [], f"of cluster {cluster.id}",
+                               "gtrain gc --provider gcp --yes")
         project = self.project(self._opts(cluster))
         known = [(n.zone or n.extra.get("zone") or "", n.instance_id or "")
                  for n in self.store.node_records(cluster.id) if n.instance_id]
         left = self.teardown.teardown(project, cluster.id, cluster=cluster, known=known)
         finish_down(self.ledger, self.report, cluster, left, f"of cluster {cluster.id}",
                     "gtrain gc --provider gcp --yes")
+
+    def replace_nodes(self, cluster: Cluster, ranks: list[int]) -> None:
+        if not self._is_tpu(cluster):
+            return super().replace_nodes(cluster, ranks)
+        import time as _time
+
+        from gtrain.spec import parse_spec
+
+        spec = parse_spec(cluster.spec, base_dir=cluster.extra.get("base_dir"))  # a slice is remade whole
+        self.report.info(f"recreating TPU slice {cluster.id} ({spec.resources.accelerators})")
+        with self.ledger.lock:
+            for n in self.store.node_records(cluster.id):
+                self.store.close_node_interval(cluster.id, n.rank, at=_time.time())
+        self.tpu.recreate(spec, cluster)
+        with self.ledger.lock:
+            for n in self.store.node_records(cluster.id):
+                self.store.open_interval(cluster.id, n.rank, instance_type=cluster.instance_type,
+                                         market=cluster.market, price_per_hour=cluster.price_per_hour,
+                                         started_at=n.launched_at or _time.time())
 
     def terminate_node(self, cluster: Cluster, node: NodeRecord) -> None:
         zone = node.zone or node.extra.get("zone") or ""
@@ -319,6 +366,9 @@ class GCPProvider(CloudProvider):
     # ---- stop / start ----
 
     def power_off(self, cluster: Cluster, nodes: list[NodeRecord]) -> None:
+        if self._is_tpu(cluster):
+            raise ConfigError(f"gtrain stop: cluster {cluster.name} is a TPU slice, which gtrain does not stop",
+                              field="resources.accelerators", hint=f"`gtrain down {cluster.name}` ends it")
         self.instances.power(self.project(self._opts(cluster)), nodes, "stop")
 
     def power_on(self, cluster: Cluster, nodes: list[NodeRecord]) -> dict[int, dict[str, str | None]]:
@@ -354,6 +404,8 @@ class GCPProvider(CloudProvider):
     # ---- price ----
 
     def price(self, cluster: Cluster, interval: CostInterval) -> IntervalCost:
+        if self._is_tpu(cluster):
+            return self.tpu.price(cluster, interval)
         node = next((n for n in self.store.node_records(cluster.id) if n.rank == interval.node_rank), None)
         meta: dict[str, Any] = node.extra if node is not None else {}
         rate = float(meta.get("price_spot_catalog") or interval.price_per_hour)
@@ -374,6 +426,15 @@ class GCPProvider(CloudProvider):
         from gtrain.providers.gcp.gc import sweep
 
         project = options.get("project")
-        return sweep(self.teardown, self.project(gcp_options({"project": project} if project else {})),
+        proj = self.project(gcp_options({"project": project} if project else {}))
+        try:  # TPU slices too; a project without the TPU API (or access to it) still has its VMs swept
+            tpus = self.tpu.gc(proj, live_cluster_ids, delete, list(regions) if regions else None)
+        except GtrainError as e:
+            tpus = GCResult([proj], warnings=[f"Cloud TPU slices not looked at: {e.message}"])
+        res = sweep(self.teardown, self.project(gcp_options({"project": project} if project else {})),
                      live_cluster_ids, delete,
                      list(regions) if regions else None, self.report)
+        res.orphans += tpus.orphans
+        res.warnings += tpus.warnings
+        res.deleted = res.deleted or tpus.deleted
+        return res
