@@ -73,16 +73,6 @@ class Energy:
                           for n in self.nodes],
                 "carbon": self.carbon}
 
-    def line(self) -> str:
-        """One line for the terminal: ``energy: 1.234 kWh (GPU power only); ~0.41 kg CO2e (estimate: ...)``."""
-        if self.kwh is None:
-            return f"energy: {NO_DATA}"
-        text = f"energy: {self.kwh:.4g} kWh ({self.note()})"
-        if self.carbon:
-            text += (f"; ~{self.carbon['kg_co2e']:.3g} kg CO2e (estimate: {self.carbon['gco2_per_kwh']:g} g/kWh, "
-                     f"{self.carbon['source']})")
-        return text
-
 
 def _num(v: Any) -> float | None:
     if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
