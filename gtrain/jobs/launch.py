@@ -67,8 +67,10 @@ def check_job(spec: ClusterSpec) -> tuple[Job, str]:
             check_options(job.container)
         check_credentials(job)
     from gtrain.redact import register_secrets
+    from gtrain.tracking import secret_names
 
-    register_secrets([*job.secrets, *([job.image_credentials.password_secret] if job.image_credentials else [])])
+    register_secrets([*job.secrets, *secret_names(job),
+                      *([job.image_credentials.password_secret] if job.image_credentials else [])])
     # from here on, their values are masked in all gtrain stores or prints
     return job, str(workdir)
 

@@ -1,0 +1,42 @@
+"""job.tracking: the variables each tracker reads, set on every rank; the run id stable across recoveries."""
+
+from __future__ import annotations
+
+from gtrain import tracking
+from gtrain.spec import parse_spec
+
+
+def _job(**tr: object):  # type: ignore[no-untyped-def]
+    spec = parse_spec({"name": "c", "job": {"run": "train.py", "tracking": tr, "env": {"WANDB_MODE": "disabled"}}})
+    assert spec.job is not None
+    return spec.job
+
+
+def test_wandb_and_mlflow_variables() -> None:
+    job = _job(wandb={"project": "p", "entity": "e"}, mlflow={"tracking_uri": "http://mlflow:5000",
+                                                               "experiment": "x"})
+    env = tracking.env(job, "c-20261203-1", "c/run-abc")
+    assert env["WANDB_PROJECT"] == "p" and env["WANDB_ENTITY"] == "e" and env["WANDB_RUN_GROUP"] == "c-20261203-1"
+    assert env["WANDB_RESUME"] == "allow" and env["WANDB_RUN_ID"] == tracking.env(job, "another-job", "c/run-abc")[
+        "WANDB_RUN_ID"]  # the same run across recoveries / relaunches
+    assert "WANDB_MODE" not in env  # the user's job.env wins
+    assert env["MLFLOW_TRACKING_URI"] == "http://mlflow:5000" and env["MLFLOW_EXPERIMENT_NAME"] == "x"
+    rid = env["WANDB_RUN_ID"]
+    assert len(rid) <= 64 and rid.replace("-", "").isalnum() and rid == rid.lower()
+    assert tracking.links(job, "c/run-abc")["W&B"].endswith(f"/e/p/runs/{rid}")
+
+
+def test_keys_go_as_secrets_only_when_set() -> None:
+    job = _job(wandb={"project": "p"}, mlflow={"tracking_uri": "http://m:5000", "token_secret": "MLF_TOKEN"})
+    assert tracking.secret_names(job, {"WANDB_API_KEY": "k"}) == ["WANDB_API_KEY"]
+    assert tracking.secret_names(job, {"MLF_TOKEN": "t"}) == ["MLF_TOKEN"]
+
+
+def test_bad_tracking_uri_names_the_field() -> None:
+    import pytest
+
+    from gtrain.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        parse_spec({"name": "c", "job": {"run": "t.py", "tracking": {"mlflow": {"tracking_uri": "http://u:pw@h"}}}})
+    assert "job.tracking.mlflow.tracking_uri" in e.value.message and "token_secret" in e.value.message
