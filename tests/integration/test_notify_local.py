@@ -78,3 +78,28 @@ def test_notify_test_cli_reaches_every_target(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "gtrain", "notify", "test", str(spec)], capture_output=True,
                        text=True, timeout=60, env={**os.environ, "TEST_SLACK_URL": ""})
     assert r.returncode == 1 and "TEST_SLACK_URL is not set" in r.stderr
+
+
+FLAKY = ("import os, sys\nprint('attempt=' + os.environ.get('GTRAIN_ATTEMPT', 'unset'), flush=True)\n"
+         "sys.exit(137 if os.environ.get('GTRAIN_ATTEMPT') == '1' else 0)\n")
+
+
+def test_recovery_sends_preempted_then_recovered_then_succeeded(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GTRAIN_WATCH_POLL_S", "1")
+    monkeypatch.setenv("GTRAIN_NOTIFY_BACKOFF_S", "0.01")
+    (tmp_path / "flaky.py").write_text(FLAKY)
+    spec = tmp_path / "rec.yaml"
+    spec.write_text(json.dumps({
+        "name": "notify-rec", "provider": "local", "num_nodes": 1,
+        "job": {"workdir": str(tmp_path), "run": "flaky.py", "nproc_per_node": 1, "python": sys.executable,
+                "launcher": "python"},
+        "policies": {"recovery": {"max_restarts": 2, "backoff_s": 0, "on": [{"exit_codes": [137]}]}},
+        "notify": {"webhook": {"url_secret": "TEST_HOOK_URL", "format": "discord"}}}))
+    with webhook(ok_status=204) as hook:  # Discord answers 204 No Content
+        monkeypatch.setenv("TEST_HOOK_URL", hook.url)
+        res = gtrain.run(spec, to=tmp_path / "out")
+    assert res.exit_code == 0 and len(res.recoveries) == 1
+    titles = [b["embeds"][0]["title"] for b in hook.delivered]
+    assert [t.rsplit(" ", 2)[-2:] for t in titles] == [["was", "preempted"], ["notify-rec", "recovered"],
+                                                      ["notify-rec", "succeeded"]], titles
