@@ -121,7 +121,14 @@ def launch(cluster: Cluster, spec: ClusterSpec, ctx: Context, *, force: bool = F
         if preflight(cluster, spec, ctx, replace_bad=replace_bad) is not None:  # a failed node: exit 1 here
             backend = ctx.backend(cluster)  # --replace-bad may have made new nodes: their runners, not the old
 
-        request = backend.reserve(JobRequest(cluster, spec, new_job_id(cluster.name), local_workdir))
+        job_id = new_job_id(cluster.name)
+        from gtrain.tracking import start_mlflow_run
+
+        if run_env := start_mlflow_run(_job, job_id):  # the job's parent run: kept in the job's recorded spec,
+            spec = spec.model_copy(deep=True)  # so a recovery's ranks log to the same run
+            assert spec.job is not None
+            spec.job.env = {**spec.job.env, **run_env}
+        request = backend.reserve(JobRequest(cluster, spec, job_id, local_workdir))
         plan = backend.dryrun(request)
         prepare_checkpoints(plan, backend, ctx.report, fresh=fresh)  # a store refusing writes stops here
         ctx.store.create_job(cluster.id, plan.job_id, dict(plan.info))

@@ -120,6 +120,9 @@ class MlflowTracking(_Block):
 class Tracking(_Block):
     wandb: WandbTracking | None = Field(None, description="`{project, entity, api_key_secret, mode}`")
     mlflow: MlflowTracking | None = Field(None, description="`{tracking_uri, experiment, token_secret}`")
+    forward_metrics: bool = Field(False, description="`gtrain.metrics.log` on rank 0 also logs to the "
+                                  "configured trackers (MLflow's REST API; `wandb.log` when the script started a "
+                                  "W&B run)")
     tensorboard: bool = Field(False, description="ranks write TensorBoard events to GTRAIN_TENSORBOARD_DIR, "
                               "kept in the run archive")
 
