@@ -40,3 +40,14 @@ def test_bad_tracking_uri_names_the_field() -> None:
     with pytest.raises(ConfigError) as e:
         parse_spec({"name": "c", "job": {"run": "t.py", "tracking": {"mlflow": {"tracking_uri": "http://u:pw@h"}}}})
     assert "job.tracking.mlflow.tracking_uri" in e.value.message and "token_secret" in e.value.message
+
+
+def test_links_reach_the_report(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from gtrain.runlog.html import render_report
+    from gtrain.runlog.model import load_run
+
+    job = {"id": "j-1", "status": "succeeded", "exit_code": 0, "created_at": 1.0, "ended_at": 2.0,
+           "tracking": {"MLflow": "http://mlflow:5000/#/experiments/1/runs/abc"}}
+    html = render_report(load_run(tmp_path, {"id": "c", "name": "c", "provider": "local", "created_at": 1.0}, job))
+    assert 'href="http://mlflow:5000/#/experiments/1/runs/abc"' in html
+    assert "no energy data" in html  # no telemetry: said, never 0 kWh
