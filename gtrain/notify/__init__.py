@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from gtrain.state import Cluster
     from gtrain.state import Job as JobRecord
 
-__all__ = ["claim", "job_event", "notify_job", "send"]
+__all__ = ["claim", "job_event", "notify_cluster", "notify_job", "send"]
 
 
 def send(spec: NotifySpec, ev: dict[str, Any], environ: dict[str, str] | None = None) -> list[deliver.Outcome]:
@@ -138,3 +138,26 @@ def ended(cluster: Cluster, job: JobRecord, ctx: Context) -> None:
     if job.status in ("succeeded", "failed", "cancelled", "preempted"):
         notify_job(cluster, job, ctx, job.status,
                    key=job.status if job.status != "preempted" else f"preempted-{job.info.get('attempt', 1)}")
+
+
+def notify_cluster(cluster: Cluster, ctx: Context, kind: str, spec: NotifySpec | None, *, detail: str
+                   ) -> list[deliver.Outcome] | None:
+    """An event of the cluster before any job exists (``health_failed``: the preflight stopped a launch), sent
+    by the one command that saw it; marked in ``runs/<cluster-id>/notify/``."""
+    if spec is None or kind not in spec.on or not spec.targets():
+        return None
+    from gtrain.runlog.events import cluster_dir
+
+    d = cluster_dir(ctx.store.home, cluster.id) / "notify"
+    with contextlib.suppress(OSError):
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"{kind}-{time.time():.3f}-{os.getpid()}.json").write_text(json.dumps({"event": kind}),
+                                                                        encoding="utf-8")
+    redact.register_secrets([n for n in (spec.webhook and spec.webhook.url_secret,
+                                         spec.email and spec.email.smtp_secret) if n])
+    outcomes = send(spec, message.event(kind, cluster=cluster.name, job=None, state="launch stopped",
+                                        detail=detail, provider=cluster.provider))
+    for o in outcomes:
+        if not o.ok:
+            ctx.report.warn(f"notify: {o.target}: not delivered after {o.tries} tries ({o.detail})")
+    return outcomes

@@ -80,7 +80,10 @@ def gpu_cluster(tmp_path: Path, gtrain_home: Path, monkeypatch: pytest.MonkeyPat
     (bindir / "nvidia-smi").symlink_to(FIXTURES / "nvidia-smi")
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("GTRAIN_SMI_FIXTURE", "h100_8_healthy")
-    spec = write_spec(tmp_path, "hg", resources={"accelerators": "H100:8"}, policies={"preflight": "quick"})
+    events = gtrain_home / "notify-events.jsonl"  # notify: a command appends each event it is given on stdin
+    cmd = f"{sys.executable} -c 'import sys; open(sys.argv[1], \"a\").write(sys.stdin.read() + \"\\n\")' {events}"
+    spec = write_spec(tmp_path, "hg", resources={"accelerators": "H100:8"}, policies={"preflight": "quick"},
+                      notify={"command": cmd})
     res = gtrain.up(spec)
     assert res.cluster is not None
     yield "hg", gtrain_home / "clusters" / "hg"
@@ -125,3 +128,15 @@ def test_preflight_fails_the_launch_naming_the_node_then_telemetry_and_idle_stop
     assert msg is not None and "under 10% utilisation" in msg
     final = gtrain.wait(name, job_id=job.job_id)
     assert final.status == "cancelled"
+    sent = [json.loads(x) for x in (base.parent.parent / "notify-events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in sent] == ["health_failed", "idle_stopped"]  # `cancelled` is not in notify.on
+    assert "gpu.count" in sent[0]["detail"] and "under 10% utilisation" in sent[1]["detail"]
+
+    # kWh from the real sampler's readings of the stub (8 GPUs x 55.01 W on each node), to 1 %
+    from gtrain.health.energy import node_energy
+
+    for t in read(cluster, record, ctx):
+        e = node_energy(t.node, t.samples)
+        span = {g: [s["t"] for s in t.samples if s["gpu"] == g] for g in range(8)}
+        expected = sum(55.01 * (max(ts) - min(ts)) for ts in span.values()) / 3.6e6
+        assert e.gpus == 8 and e.kwh == pytest.approx(expected, rel=0.01) and not e.estimate
