@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,35 @@ def test_recovery_sends_preempted_then_recovered_then_succeeded(tmp_path: Path,
     titles = [b["embeds"][0]["title"] for b in hook.delivered]
     assert [t.rsplit(" ", 2)[-2:] for t in titles] == [["was", "preempted"], ["notify-rec", "recovered"],
                                                       ["notify-rec", "succeeded"]], titles
+
+
+def test_budget_80_is_sent_once_when_the_cost_so_far_reaches_it(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The `fake` plug-in provider bills $0.50/h per node; a cap of $0.0001 is 80% spent within a second."""
+    from gtrain.context import Context
+    from gtrain.jobs.follow import budget_check
+    from tests.fake_provider import installed
+
+    monkeypatch.setenv("GTRAIN_NOTIFY_BACKOFF_S", "0.01")
+    spec = tmp_path / "b.yaml"
+    spec.write_text(json.dumps({"name": "notify-budget", "provider": "fake", "num_nodes": 2, "fake": {},
+                                "policies": {"max_cost_usd": 0.0001},
+                                "notify": {"webhook": {"url_secret": "TEST_HOOK_URL", "format": "json"}}}))
+    with installed(tmp_path / "cloud"), webhook() as hook:
+        monkeypatch.setenv("TEST_HOOK_URL", hook.url)
+        gtrain.up(spec)
+        try:
+            ctx = Context()
+            cluster = ctx.cluster("notify-budget")
+            ctx.store.create_job(cluster.id, "notify-budget-job", {})
+            job = ctx.store.get_job("notify-budget-job")
+            deadline = time.time() + 30
+            while (share := budget_check(cluster, job, ctx)) is not None and share < 0.8 and time.time() < deadline:
+                time.sleep(0.2)
+            assert share is not None and share >= 0.8
+            budget_check(cluster, job, ctx)  # again: no second message
+            ctx.store.close()
+        finally:
+            gtrain.down("notify-budget", yes=True)
+    assert [b["event"] for b in hook.delivered] == ["budget_80"]
+    assert "policies.max_cost_usd" in hook.delivered[0]["detail"] and hook.delivered[0]["cost_usd"] is not None
