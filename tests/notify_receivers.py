@@ -42,7 +42,7 @@ def webhook(statuses: list[int] | None = None, ok_status: int = 200) -> Iterator
             pass
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     t.start()
     hook.url = f"http://127.0.0.1:{srv.server_address[1]}/hooks/T000/B000/s3cr3t-token"
     try:

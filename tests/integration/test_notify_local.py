@@ -52,7 +52,9 @@ def test_failing_two_node_run_sends_one_failed_message(tmp_path: Path, monkeypat
             first = gtrain.wait("notify-fail")
             second = gtrain.wait("notify-fail")  # another follower of the same job: no second message
         finally:
-            gtrain.down("notify-fail")
+            gone = gtrain.down("notify-fail")
+    energy = gone.cost.energy  # CPU nodes: said, never 0 kWh
+    assert energy is not None and energy["kwh"] is None and energy["note"].startswith("no energy data")
     assert first.status == "failed" and first.exit_code == 3 and second.status == "failed"
     assert len(hook.delivered) == 1, hook.requests
     body = hook.delivered[0]
