@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-#: samples of one GPU further apart than this are not joined (the sampler's default interval is 10 s)
-MAX_GAP_S = 60.0
+from gtrain.health.nodeprobe import MAX_GAP_S, integrate
+
+__all__ = ["MAX_GAP_S", "Energy", "NodeEnergy", "carbon", "from_folders", "from_integral", "node_energy"]
+
 #: board power (W) of the GPU models the catalog sells, for the TDP x utilisation estimate (vendor data sheets:
 #: NVIDIA A100 SXM4 400 W, H100 SXM5 700 W, H200 SXM 700 W, L40S 350 W, L4 72 W, A10G 300 W, T4 70 W, V100 SXM2
 #: 300 W, A10 150 W, B200 1000 W)
@@ -74,48 +75,20 @@ class Energy:
                 "carbon": self.carbon}
 
 
-def _num(v: Any) -> float | None:
-    if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
-        return float(v)
-    return None
-
-
 def tdp_of(gpu_name: str | None) -> float | None:
     return TDP_W.get(str(gpu_name or "").upper()) if gpu_name else None
 
 
 def node_energy(node: int, samples: list[dict[str, Any]], tdp_w: float | None = None) -> NodeEnergy:
-    """One node's kWh from its samples (``{"t", "gpu", "power", "util"}`` each)."""
-    by_gpu: dict[int, list[tuple[float, float, bool]]] = {}
-    for s in samples:
-        if not isinstance(s, dict):
-            continue
-        t, gpu = _num(s.get("t")), s.get("gpu")
-        if t is None or not isinstance(gpu, int) or isinstance(gpu, bool):
-            continue
-        watts, est = _num(s.get("power")), False
-        if watts is None and tdp_w and (util := _num(s.get("util"))) is not None:
-            watts, est = tdp_w * max(0.0, min(util, 100.0)) / 100.0, True
-        if watts is not None and watts >= 0:
-            by_gpu.setdefault(gpu, []).append((t, watts, est))
-    out = NodeEnergy(node)
-    if not by_gpu:
-        return out
-    joules, span = 0.0, 0.0
-    for pts in by_gpu.values():
-        pts.sort()
-        for (t0, w0, e0), (t1, w1, e1) in zip(pts, pts[1:], strict=False):
-            dt = t1 - t0
-            if dt <= 0:
-                continue
-            if dt > MAX_GAP_S:
-                out.gap_s += dt
-                continue
-            joules += (w0 + w1) / 2 * dt
-            out.estimate = out.estimate or e0 or e1
-        span = max(span, pts[-1][0] - pts[0][0])
-    out.gpus, out.seconds, out.kwh = len(by_gpu), span, joules / 3.6e6
-    return out
+    """One node's kWh from its samples (``{"t", "gpu", "power", "util"}`` each), integrated by
+    :func:`gtrain.health.nodeprobe.integrate` (the same code a node runs for `status --gpus`)."""
+    return from_integral(node, integrate(list(samples), tdp_w))
+
+
+def from_integral(node: int, got: dict[str, Any]) -> NodeEnergy:
+    joules = got.get("joules")
+    return NodeEnergy(node, None if joules is None else float(joules) / 3.6e6, int(got.get("gpus") or 0),
+                      float(got.get("seconds") or 0), float(got.get("gap_s") or 0), bool(got.get("estimate")))
 
 
 def read_samples(path: Path) -> list[dict[str, Any]]:

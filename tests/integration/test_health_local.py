@@ -122,6 +122,8 @@ def test_preflight_fails_the_launch_naming_the_node_then_telemetry_and_idle_stop
     assert r.returncode == 0, r.stderr
     gpus = json.loads(r.stdout)["gpus"]
     assert len(gpus) == 16 and gpus[0]["util"] == "0%" and gpus[0]["memory"] == "3/40960 MiB"
+    so_far = json.loads(r.stdout)["energy"]  # integrated on each node over every sample it kept
+    assert so_far["kwh"] > 0 and [n["gpus"] for n in so_far["nodes"]] == [8, 8] and not so_far["estimate"]
 
     # every GPU idle for longer than the (tiny) window: action stop cancels the job through its backend
     msg = enforce_min_gpu_util(cluster, record, ctx, MinGpuUtil(percent=10, minutes=0.01, action="stop"))
