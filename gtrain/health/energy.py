@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -116,7 +117,7 @@ def from_folders(folders: list[Path], *, gpu_name: str | None = None, region: st
         for path in sorted(Path(folder).glob("node-*.jsonl")):
             tail = path.stem.rsplit("-", 1)[-1]
             node = int(tail) if tail.isdigit() else 0
-            per.setdefault(node, []).append(node_energy(node, read_samples(path), tdp_of(gpu_name)))
+            per.setdefault(node, []).append(from_integral(node, _integral(path, tdp_of(gpu_name))))
     energy = Energy()
     for node in sorted(per):
         parts = per[node]
@@ -126,6 +127,39 @@ def from_folders(folders: list[Path], *, gpu_name: str | None = None, region: st
                                        any(p.estimate for p in parts)))
     energy.carbon = carbon(energy.kwh, region, override)
     return energy
+
+
+#: the integral of each kept telemetry file, in the job's archive cache (``JOB/.cache/energy.json``, beside the
+#: parsed metrics): `cost` of many clusters reads each file once, until it changes
+CACHE = "energy.json"
+
+
+def _integral(path: Path, tdp_w: float | None) -> dict[str, Any]:
+    cache = path.parent.parent / ".cache" / CACHE
+    try:
+        st = path.stat()
+        key = f"{path.name}:{st.st_size}:{st.st_mtime_ns}:{tdp_w}"
+    except OSError:
+        return {"joules": None}
+    try:
+        known = json.loads(cache.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        known = {}
+    if not isinstance(known, dict):
+        known = {}
+    if isinstance(known.get(key), dict):
+        return known[key]  # type: ignore[no-any-return]
+    got = integrate(list(read_samples(path)), tdp_w)
+    known = {k: v for k, v in known.items() if not k.startswith(path.name + ":")}
+    known[key] = got
+    try:
+        cache.parent.mkdir(exist_ok=True)
+        tmp = cache.with_name(CACHE + f".{os.getpid()}")
+        tmp.write_text(json.dumps(known), encoding="utf-8")
+        os.replace(tmp, cache)
+    except OSError:
+        pass  # a read-only archive: counted again next time
+    return got
 
 
 # ---- carbon ---------------------------------------------------------------------------------------------

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from gtrain.health import energy
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia_smi"
@@ -91,3 +93,13 @@ def test_report_has_power_chart_and_energy_line(tmp_path: Path) -> None:
     html = render_report(run)
     assert 'data-kind="power"' in html and "GPU power draw (W)" in html
     assert "kWh" in html and "kg CO2e" in html and "412.72" in html
+
+
+def test_integral_is_cached_until_the_file_changes(tmp_path: Path) -> None:
+    path = tmp_path / "telemetry" / "node-0.jsonl"
+    _write(path, [(0, 50.0, 100.0)], 0.0, 100.0)
+    first = energy.from_folders([tmp_path / "telemetry"]).kwh
+    assert (tmp_path / ".cache" / energy.CACHE).is_file()
+    assert energy.from_folders([tmp_path / "telemetry"]).kwh == first
+    _write(path, [(0, 50.0, 1000.0)], 0.0, 100.0)  # rewritten (another size): counted again
+    assert energy.from_folders([tmp_path / "telemetry"]).kwh == pytest.approx(10 * first, rel=1e-3)  # type: ignore[operator]
