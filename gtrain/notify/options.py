@@ -43,7 +43,7 @@ class EmailTarget(_Block):
     to: list[str] = Field(..., min_length=1, max_length=50, description="recipients")
     smtp_secret: SecretName = Field(..., description="local environment variable holding the SMTP URL "
                              "`smtp://user:password@host:port` (`smtps://` for TLS; `?starttls=1` to upgrade)")
-    sender: str = Field("gtrain@localhost", alias="from", description="the From address")
+    sender: str = Field("gtrain@localhost", description="the From address")
 
     @field_validator("to")
     @classmethod
@@ -58,7 +58,7 @@ class NotifySpec(_Block):
     on: list[str] = Field(default_factory=lambda: list(DEFAULT_EVENTS),
                           description="events that send a message: " + ", ".join(f"`{e}`" for e in EVENTS))
     webhook: WebhookTarget | None = Field(None, description="`{url_secret, format}`")
-    email: EmailTarget | None = Field(None, description="`{to: [...], smtp_secret, from}`")
+    email: EmailTarget | None = Field(None, description="`{to: [...], smtp_secret, sender}`")
     command: str | None = Field(None, description="a local command run with the event as JSON on its stdin "
                                 "(split like a shell command line, no shell)")
 
@@ -123,13 +123,11 @@ class Tracking(_Block):
     forward_metrics: bool = Field(False, description="`gtrain.metrics.log` on rank 0 also logs to the "
                                   "configured trackers (MLflow's REST API; `wandb.log` when the script started a "
                                   "W&B run)")
-    tensorboard: bool = Field(False, description="ranks write TensorBoard events to GTRAIN_TENSORBOARD_DIR, "
-                              "kept in the run archive")
+    tensorboard: bool = Field(False, description="`GTRAIN_TENSORBOARD_DIR` / `TENSORBOARD_LOGDIR` = "
+                              "`tensorboard` (in the workdir) on every rank; the event files written there are "
+                              "kept in the run archive and read by `gtrain report`")
 
     def secrets(self) -> list[str]:
         out = [self.wandb.api_key_secret] if self.wandb else []
         return out + ([self.mlflow.token_secret] if self.mlflow and self.mlflow.token_secret else [])
 
-
-def dump(model: BaseModel | None) -> dict[str, Any] | None:
-    return None if model is None else model.model_dump(by_alias=True)

@@ -90,7 +90,7 @@ def test_email_through_a_real_smtp_server_and_command_on_stdin(tmp_path: Path) -
     got_file = tmp_path / "event.json"
     cmd = f"{sys.executable} -c 'import sys; open(sys.argv[1], \"w\").write(sys.stdin.read())' {got_file}"
     spec = NotifySpec.model_validate({"email": {"to": ["me@example.com"], "smtp_secret": "SMTP_URL",
-                                                "from": "gtrain@example.com"}, "command": cmd})
+                                                "sender": "gtrain@example.com"}, "command": cmd})
     with smtp() as (url, got):
         outs = send(spec, _failed_event(), {"SMTP_URL": url})
     assert [o.ok for o in outs] == [True, True], outs

@@ -51,3 +51,16 @@ def test_links_reach_the_report(tmp_path) -> None:  # type: ignore[no-untyped-de
     html = render_report(load_run(tmp_path, {"id": "c", "name": "c", "provider": "local", "created_at": 1.0}, job))
     assert 'href="http://mlflow:5000/#/experiments/1/runs/abc"' in html
     assert "no energy data" in html  # no telemetry: said, never 0 kWh
+
+
+def test_tensorboard_dir_set_and_kept_by_the_archive() -> None:
+    from types import SimpleNamespace
+
+    from gtrain.runlog.archive import _tb_dir
+
+    job = _job(tensorboard=True)
+    env = tracking.env(job, "j", "c/r")
+    assert env["GTRAIN_TENSORBOARD_DIR"] == env["TENSORBOARD_LOGDIR"] == "tensorboard"
+    cluster = SimpleNamespace(spec={"job": {"run": "t.py", "tracking": {"tensorboard": True}}})
+    assert _tb_dir(cluster, SimpleNamespace(root="/n")) == "/n/workdir/tensorboard"  # type: ignore[arg-type]
+    assert _tb_dir(SimpleNamespace(spec={"job": {"run": "t.py"}}), SimpleNamespace(root="/n")) is None  # type: ignore[arg-type]
