@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
