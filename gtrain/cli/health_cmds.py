@@ -62,7 +62,7 @@ def gpu_table(cluster: str, *, energy: bool = False) -> tuple[list[list[Any]], s
     doc = None
     if energy:
         e = Energy([from_integral(t.node, t.energy or {}) for t in tele if not t.error])
-        e.carbon = carbon(e.kwh, c.region, c.spec.get("energy"))
+        e.carbon = carbon(e.total_kwh, c.region, c.spec.get("energy"))
         doc = e.to_dict()
     return telemetry.rows(tele), jobs[-1].id, doc
 

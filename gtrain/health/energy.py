@@ -47,6 +47,8 @@ class NodeEnergy:
     seconds: float = 0.0
     gap_s: float = 0.0
     estimate: bool = False
+    #: CPU package energy from RAPL (measured by the node's counters), None where the node does not expose it
+    host_kwh: float | None = None
 
 
 @dataclass
@@ -63,15 +65,30 @@ class Energy:
     def estimate(self) -> bool:
         return any(n.estimate for n in self.nodes)
 
+    @property
+    def total_kwh(self) -> float | None:
+        """GPUs, and the CPU packages where RAPL was read (the carbon estimate's kWh)."""
+        return None if self.kwh is None else round(self.kwh + (self.host_kwh or 0.0), 6)
+
+    @property
+    def host_kwh(self) -> float | None:
+        vals = [n.host_kwh for n in self.nodes if n.host_kwh is not None]
+        return round(sum(vals), 6) if vals else None
+
     def note(self) -> str:
         if self.kwh is None:
             return NO_DATA
-        return GPU_ONLY + ("; partly estimated from TDP x utilisation" if self.estimate else "")
+        est = "; partly estimated from TDP x utilisation" if self.estimate else ""
+        if self.host_kwh is not None:
+            return (f"GPU power (nvidia-smi power.draw){est}; host CPU packages {self.host_kwh:.4g} kWh more, from "
+                    "RAPL counters (CPU only: memory, disks, fans not measured)")
+        return GPU_ONLY + est
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kwh": self.kwh, "estimate": self.estimate, "note": self.note(),
+        return {"kwh": self.kwh, "host_kwh": self.host_kwh, "estimate": self.estimate, "note": self.note(),
                 "nodes": [{"node": n.node, "kwh": None if n.kwh is None else round(n.kwh, 6), "gpus": n.gpus,
-                           "seconds": round(n.seconds, 3), "gap_s": round(n.gap_s, 3), "estimate": n.estimate}
+                           "seconds": round(n.seconds, 3), "gap_s": round(n.gap_s, 3), "estimate": n.estimate,
+                           "host_kwh": None if n.host_kwh is None else round(n.host_kwh, 6)}
                           for n in self.nodes],
                 "carbon": self.carbon}
 
@@ -87,9 +104,10 @@ def node_energy(node: int, samples: list[dict[str, Any]], tdp_w: float | None = 
 
 
 def from_integral(node: int, got: dict[str, Any]) -> NodeEnergy:
-    joules = got.get("joules")
+    joules, host = got.get("joules"), got.get("host_joules")
     return NodeEnergy(node, None if joules is None else float(joules) / 3.6e6, int(got.get("gpus") or 0),
-                      float(got.get("seconds") or 0), float(got.get("gap_s") or 0), bool(got.get("estimate")))
+                      float(got.get("seconds") or 0), float(got.get("gap_s") or 0), bool(got.get("estimate")),
+                      None if host is None else float(host) / 3.6e6)
 
 
 def read_samples(path: Path) -> list[dict[str, Any]]:
@@ -122,10 +140,11 @@ def from_folders(folders: list[Path], *, gpu_name: str | None = None, region: st
     for node in sorted(per):
         parts = per[node]
         got = [p.kwh for p in parts if p.kwh is not None]
+        host = [p.host_kwh for p in parts if p.host_kwh is not None]
         energy.nodes.append(NodeEnergy(node, sum(got) if got else None, max(p.gpus for p in parts),
                                        sum(p.seconds for p in parts), sum(p.gap_s for p in parts),
-                                       any(p.estimate for p in parts)))
-    energy.carbon = carbon(energy.kwh, region, override)
+                                       any(p.estimate for p in parts), sum(host) if host else None))
+    energy.carbon = carbon(energy.total_kwh, region, override)
     return energy
 
 
@@ -204,7 +223,7 @@ def carbon(kwh: float | None, region: str | None, override: dict[str, Any] | Non
         return None
     if override and override.get("grid_gco2_per_kwh") is not None:
         g = float(override["grid_gco2_per_kwh"])
-        return {"kg_co2e": round(kwh * g / 1000, 6), "gco2_per_kwh": g, "estimate": True,
+        return {"kg_co2e": round(kwh * g / 1000, 9), "gco2_per_kwh": g, "estimate": True,
                 "source": str(override.get("grid_source") or "the spec's energy.grid_gco2_per_kwh"), "date": None,
                 "region": region}
     snapshot, _source, rows = grid_table()
@@ -212,5 +231,5 @@ def carbon(kwh: float | None, region: str | None, override: dict[str, Any] | Non
     if row is None:
         return None
     src = SOURCE_SHORT + (f"; the grid of {row.grid_of} ({row.location}) as a proxy" if row.grid_of else "")
-    return {"kg_co2e": round(kwh * row.gco2_per_kwh / 1000, 6), "gco2_per_kwh": row.gco2_per_kwh,
+    return {"kg_co2e": round(kwh * row.gco2_per_kwh / 1000, 9), "gco2_per_kwh": row.gco2_per_kwh,
             "estimate": True, "source": src, "date": snapshot, "region": region}

@@ -193,7 +193,7 @@ MAX_GAP_S = 60.0
 
 
 def _num(v: object) -> float | None:
-    if isinstance(v, int | float) and not isinstance(v, bool) and v == v and abs(v) != float("inf"):
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf"):
         return float(v)
     return None
 
@@ -215,6 +215,7 @@ def integrate(samples: list[object], tdp_w: float | None = None) -> dict[str, ob
             watts, est = tdp_w * max(0.0, min(util, 100.0)) / 100.0, True
         if watts is not None and watts >= 0:
             by_gpu.setdefault(gpu, []).append((t, watts, est))
+    host = _host_joules([s for s in samples if isinstance(s, dict) and s.get("host") == "rapl"])
     joules, span, gap, estimate = 0.0, 0.0, 0.0, False
     for pts in by_gpu.values():
         pts.sort()
@@ -229,7 +230,24 @@ def integrate(samples: list[object], tdp_w: float | None = None) -> dict[str, ob
             estimate = estimate or e0 or e1
         span = max(span, pts[-1][0] - pts[0][0])
     return {"joules": joules if by_gpu else None, "gpus": len(by_gpu), "seconds": span, "gap_s": gap,
-            "estimate": estimate}
+            "estimate": estimate, "host_joules": host}
+
+
+def _host_joules(rows: list[dict[str, object]]) -> float | None:
+    """CPU package energy from RAPL counter rows (``{"t", "uj": [...], "max_uj": [...]}``): the counters'
+    increase between rows at most :data:`MAX_GAP_S` apart, a counter that wrapped counted through its range."""
+    pts = sorted(((float(r["t"]), r["uj"], r["max_uj"]) for r in rows  # type: ignore[arg-type]
+                  if _num(r.get("t")) is not None and isinstance(r.get("uj"), list)
+                  and isinstance(r.get("max_uj"), list)), key=lambda p: p[0])
+    if len(pts) < 2:
+        return None
+    total = 0.0
+    for (t0, a, top), (t1, b, _top) in zip(pts, pts[1:]):  # noqa: B905 -- pairs of one list
+        if not 0 < t1 - t0 <= MAX_GAP_S or len(a) != len(b) or len(a) != len(top):
+            continue
+        for x, y, m in zip(a, b, top):  # noqa: B905 -- lengths checked
+            total += (y - x if y >= x else m - x + y) / 1e6
+    return total
 
 
 def _tail_json(path: str, n: int) -> list[object]:

@@ -143,6 +143,8 @@ def read_gpus(folder: Path) -> list[GpuSeries]:
                     t = float(rec["t"])
                 except (ValueError, KeyError, TypeError):
                     continue
+                if "host" in rec:  # the node's RAPL counters (gtrain.health.energy), not a GPU
+                    continue
                 gpu = rec.get("gpu", 0)
                 g = out.get((node, gpu)) or out.setdefault((node, gpu), GpuSeries(node, int(gpu)))
                 g.t.append(t)

@@ -103,3 +103,19 @@ def test_integral_is_cached_until_the_file_changes(tmp_path: Path) -> None:
     assert energy.from_folders([tmp_path / "telemetry"]).kwh == first
     _write(path, [(0, 50.0, 1000.0)], 0.0, 100.0)  # rewritten (another size): counted again
     assert energy.from_folders([tmp_path / "telemetry"]).kwh == pytest.approx(10 * first, rel=1e-3)  # type: ignore[operator]
+
+
+def test_rapl_counters_integrate_through_a_wrap_and_stay_out_of_the_gpu_charts(tmp_path: Path) -> None:
+    from gtrain.runlog.model import read_gpus
+
+    top = 1_000_000_000  # max_energy_range_uj
+    path = tmp_path / "telemetry" / "node-0.jsonl"
+    _write(path, [(0, 50.0, 100.0)], 0.0, 20.0)
+    with open(path, "a") as f:  # 30 W per package, two packages; package 1 wraps between t=10 and t=20
+        for t, a, b in ((0.0, 0, top - 100_000_000), (10.0, 300_000_000, top - 100_000_000 + 300_000_000 - top),
+                        (20.0, 600_000_000, 500_000_000)):
+            f.write(json.dumps({"t": t, "host": "rapl", "uj": [a, b], "max_uj": [top, top]}) + "\n")
+    e = energy.from_folders([tmp_path / "telemetry"], region="us-west1")
+    assert e.host_kwh == pytest.approx(2 * 30 * 20 / 3.6e6, rel=1e-3) and "RAPL" in e.note()
+    assert e.carbon and e.carbon["kg_co2e"] == pytest.approx((e.kwh + e.host_kwh) * 0.07923, rel=1e-3)  # type: ignore[operator]
+    assert [(g.node, g.gpu, len(g.t)) for g in read_gpus(tmp_path / "telemetry")] == [(0, 0, 3)]
