@@ -127,7 +127,7 @@ def logs(cluster: str, *, job_id: str | None = None, follow: bool = False, tail:
         job = resolve_job(c, ctx, job_id)
         if follow:  # whoever waits on a job recovers it from a lost node, as its policy says
             from gtrain.checkpoints.recovery import wait as wait_recovering
-            from gtrain.notify import ended
+            from gtrain.notify.dispatch import ended
 
             job = wait_recovering(c, job, ctx, on_line or (lambda _line: None), tail=tail,
                                   nodes=None if node is None else [node], rank=rank)

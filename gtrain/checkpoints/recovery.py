@@ -277,7 +277,7 @@ def wait(cluster: Cluster, job: JobRecord, ctx: Context, on_line: Callable[[LogL
          tail: int | None = None, nodes: list[int] | None = None, rank: int | None = None) -> JobRecord:
     """Follow ``job`` to its end, recovering it on the way as its policy says (when no other process is)."""
     from gtrain.jobs.follow import follow
-    from gtrain.notify import notify_job
+    from gtrain.notify.dispatch import notify_job
 
     if int(policy(job).get("max_restarts", 0)) <= 0 and job.status != RECOVERING:
         return follow(cluster, job, ctx, on_line, tail=tail, nodes=nodes, rank=rank)

@@ -20,7 +20,7 @@ def notify(
 ) -> None:
     """Send a sample message to every target of the spec's notify: block (webhook, e-mail, command)."""
     from gtrain.errors import ConfigError
-    from gtrain.notify import send
+    from gtrain.notify.dispatch import send
     from gtrain.notify.message import event
     from gtrain.redact import register_secrets
     from gtrain.spec import load_spec

@@ -236,9 +236,15 @@ def integrate(samples: list[object], tdp_w: float | None = None) -> dict[str, ob
 def _host_joules(rows: list[dict[str, object]]) -> float | None:
     """CPU package energy from RAPL counter rows (``{"t", "uj": [...], "max_uj": [...]}``): the counters'
     increase between rows at most :data:`MAX_GAP_S` apart, a counter that wrapped counted through its range."""
-    pts = sorted(((float(r["t"]), r["uj"], r["max_uj"]) for r in rows  # type: ignore[arg-type]
-                  if _num(r.get("t")) is not None and isinstance(r.get("uj"), list)
-                  and isinstance(r.get("max_uj"), list)), key=lambda p: p[0])
+    pts: list[tuple[float, list[int], list[int]]] = []
+    for r in rows:
+        t, uj, top = _num(r.get("t")), r.get("uj"), r.get("max_uj")
+        if t is not None and isinstance(uj, list) and isinstance(top, list):
+            try:
+                pts.append((t, [int(x) for x in uj], [int(x) for x in top]))
+            except (TypeError, ValueError):
+                continue  # a damaged row
+    pts.sort(key=lambda p: p[0])
     if len(pts) < 2:
         return None
     total = 0.0

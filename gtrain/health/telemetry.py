@@ -126,7 +126,7 @@ def enforce_min_gpu_util(cluster: Cluster, job: JobRecord, ctx: Context, policy:
     if policy.action == "stop":
         ctx.report.warn(msg + "; stopping the job")
         ctx.backend(cluster).cancel(job, grace_s=10)
-        from gtrain.notify import notify_job
+        from gtrain.notify.dispatch import notify_job
 
         notify_job(cluster, ctx.store.get_job(job.id), ctx, "idle_stopped", detail=msg)
     else:

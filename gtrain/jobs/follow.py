@@ -114,7 +114,7 @@ def budget_check(cluster: Cluster, job: JobRecord, ctx: Context) -> float | None
     message is sent (once: gtrain.notify dedups it)."""
     from gtrain.costs.report import cluster_cost
     from gtrain.errors import GtrainError
-    from gtrain.notify import notify_job
+    from gtrain.notify.dispatch import notify_job
 
     try:
         cap = ctx.spec_of(cluster).policies.max_cost_usd

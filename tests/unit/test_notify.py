@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gtrain import redact
-from gtrain.notify import claim, deliver, message, send
+from gtrain.notify.dispatch import claim, deliver, message, send
 from gtrain.notify.options import NotifySpec
 from tests.notify_receivers import smtp, webhook
 
