@@ -127,9 +127,18 @@ def logs(cluster: str, *, job_id: str | None = None, follow: bool = False, tail:
         job = resolve_job(c, ctx, job_id)
         if follow:  # whoever waits on a job recovers it from a lost node, as its policy says
             from gtrain.checkpoints.recovery import wait as wait_recovering
+            from gtrain.notify.dispatch import ended
 
-            return wait_recovering(c, job, ctx, on_line or (lambda _line: None), tail=tail,
-                                   nodes=None if node is None else [node], rank=rank)
+            job = wait_recovering(c, job, ctx, on_line or (lambda _line: None), tail=tail,
+                                  nodes=None if node is None else [node], rank=rank)
+            if node is None and rank is None:  # a follower of the whole job tells notify.on of its end
+                from gtrain.state import TERMINAL_JOB
+                from gtrain.tracking import finish_mlflow_run
+
+                ended(ctx.store.get_cluster_by_id(c.id), job, ctx)
+                if job.status in TERMINAL_JOB:
+                    finish_mlflow_run((job.info.get("spec") or {}).get("job"), job.status)
+            return job
         return follow_job(c, job, ctx, on_line or (lambda _line: None), follow=follow, tail=tail,
                            nodes=None if node is None else [node], rank=rank)
     finally:

@@ -11,16 +11,25 @@ This module is the one piece of gtrain a job imports on a node: standard library
 import, and it works when it is the only gtrain file there. Outside a gtrain job (no ``$GTRAIN_METRICS_FILE``)
 :func:`log` does nothing, so a script runs unchanged on a laptop. It never raises for a value it cannot
 store: non-numbers are dropped, NaN and infinities are written as ``null``.
+
+Forwarding (``job.tracking.forward_metrics``, docs/tracking.md): gtrain sets ``$GTRAIN_METRICS_FORWARD``
+(``mlflow``, ``wandb``) and rank 0's records also go to the job's MLflow run (``runs/log-batch`` of the tracking
+server's REST API, from a background thread, drained at exit and by :func:`flush`) and to ``wandb.log`` when
+the script started a W&B run. A tracker that fails never stops training.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import os
+import queue
+import sys
 import threading
 import time
-from typing import IO
+import urllib.request
+from typing import IO, Any
 
 __all__ = ["log", "flush", "metrics_file"]
 
@@ -79,6 +88,8 @@ def log(step: int | float | None = None, **scalars: object) -> None:
         v = _number(value)
         if v is not False:
             rec[key] = v
+    if os.environ.get("GTRAIN_METRICS_FORWARD") and (rank is None or rank == "0"):
+        _forward(rec)
     line = json.dumps(rec, separators=(",", ":"), allow_nan=False) + "\n"
     with _lock:
         try:
@@ -88,8 +99,67 @@ def log(step: int | float | None = None, **scalars: object) -> None:
 
 
 def flush() -> None:
-    """Flush the file (each line is already written through; this is for the paranoid)."""
+    """Flush the file (each line is already written through; this is for the paranoid) and send what waits
+    for the trackers."""
+    _drain()
     with _lock:
         f = _state.get("file")
         if f is not None and not isinstance(f, str):
             f.flush()
+
+
+# ---- forwarding to trackers (rank 0) ----------------------------------------------------------------------
+
+_outbox: queue.Queue[dict[str, Any]] = queue.Queue()
+_sender: dict[str, threading.Thread] = {}
+_send_lock = threading.Lock()
+
+
+def _forward(rec: dict[str, object]) -> None:
+    targets = os.environ.get("GTRAIN_METRICS_FORWARD", "").split(",")
+    values = {k: v for k, v in rec.items() if k not in ("t", "step", "rank") and isinstance(v, int | float)}
+    step = rec.get("step")
+    if "wandb" in targets:
+        wandb = sys.modules.get("wandb")
+        if wandb is not None and getattr(wandb, "run", None) is not None:
+            try:
+                wandb.log(values, step=int(step) if isinstance(step, int | float) else None)
+            except Exception:  # noqa: BLE001 -- a tracker never stops training
+                pass
+    if "mlflow" in targets and os.environ.get("MLFLOW_RUN_ID") and os.environ.get("MLFLOW_TRACKING_URI"):
+        ts = int(float(rec["t"]) * 1000)  # type: ignore[arg-type]
+        for k, v in values.items():
+            _outbox.put({"key": k, "value": float(v), "timestamp": ts,
+                         "step": int(step) if isinstance(step, int | float) else 0})
+        if "t" not in _sender:
+            _sender["t"] = threading.Thread(target=_send_loop, daemon=True, name="gtrain-metrics-forward")
+            _sender["t"].start()
+            atexit.register(_drain)
+
+
+def _send_loop() -> None:
+    while True:
+        time.sleep(1.0)
+        _drain()
+
+
+def _drain() -> None:
+    """Send what waits (log-batch takes at most 1000 metrics a call)."""
+    with _send_lock:
+        while not _outbox.empty():
+            batch: list[dict[str, Any]] = []
+            while len(batch) < 1000:
+                try:
+                    batch.append(_outbox.get_nowait())
+                except queue.Empty:
+                    break
+            uri = os.environ.get("MLFLOW_TRACKING_URI", "").rstrip("/")
+            body = json.dumps({"run_id": os.environ.get("MLFLOW_RUN_ID"), "metrics": batch}).encode()
+            req = urllib.request.Request(f"{uri}/api/2.0/mlflow/runs/log-batch", data=body, method="POST",
+                                         headers={"Content-Type": "application/json"})
+            if tok := os.environ.get("MLFLOW_TRACKING_TOKEN"):
+                req.add_header("Authorization", f"Bearer {tok}")
+            try:
+                urllib.request.urlopen(req, timeout=10).close()  # noqa: S310 -- the job's tracking server
+            except Exception:  # noqa: BLE001 -- a tracker never stops training; these points stay in the file
+                return

@@ -37,6 +37,7 @@ from gtrain.containers.options import ContainerOptions, ImageCredentials, check_
 from gtrain.errors import ConfigError, dotted_path
 from gtrain.health.model import PREFLIGHT_PATTERN, MinGpuUtil
 from gtrain.jobs.launchers import options as launchers
+from gtrain.notify.options import EnergySpec, NotifySpec, Tracking
 from gtrain.specanyof import (
     Candidate,
     Order,
@@ -177,6 +178,9 @@ class Job(_Model):
     deepspeed: launchers.DeepSpeedOptions | None = Field(None, description="`launcher: deepspeed` options")
     jax: launchers.JaxOptions | None = Field(None, description="`launcher: jax` options")
     tensorflow: launchers.TensorFlowOptions | None = Field(None, description="`launcher: tensorflow` options")
+    tracking: Tracking | None = Field(None, description="`{wandb: {project, entity}, mlflow: {tracking_uri, "
+                                      "experiment}, tensorboard: true}`: what each tracker reads is set on every "
+                                      "rank; see docs/tracking.md")
 
     @field_validator("launcher")
     @classmethod
@@ -286,6 +290,10 @@ class ClusterSpec(_Model):
     resources: Resources = Field(default_factory=lambda: Resources(), description="see [resources](#resources)")
     job: Job | None = Field(None, description="see [job](#job); `up` does without it, `launch` and `run` need it")
     policies: Policies = Field(default_factory=lambda: Policies(), description="see [policies](#policies)")
+    notify: NotifySpec | None = Field(None, description="`{on, webhook, email, command}`: messages when the job "
+                                      "ends, is preempted or recovered, nears its budget; see docs/notify.md")
+    energy: EnergySpec | None = Field(None, description="`{grid_gco2_per_kwh, grid_source}`: the carbon "
+                                      "estimate's grid intensity; see docs/energy.md")
     # The top-level mapping named like the chosen provider (`ssh:`, `aws:`, ...); its schema belongs to the
     # provider module, which validates it when it plans `up`. Read with section(name) or .ssh / .aws / ...
     _sections: dict[str, dict[str, Any]] = PrivateAttr(default_factory=dict)

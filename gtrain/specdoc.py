@@ -18,13 +18,15 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+from gtrain.notify.options import EmailTarget, EnergySpec, NotifySpec, Tracking, WebhookTarget
 from gtrain.spec import ClusterSpec, DataEntry, Job, Policies, Resources
 from gtrain.specanyof import Candidate
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "spec.md"
 TABLES: dict[str, type[BaseModel]] = {
     "top": ClusterSpec, "resources": Resources, "resources.any_of": Candidate, "job": Job, "job.data": DataEntry,
-    "policies": Policies,
+    "policies": Policies, "notify": NotifySpec, "notify.webhook": WebhookTarget, "notify.email": EmailTarget,
+    "energy": EnergySpec, "job.tracking": Tracking,
 }
 _BLOCK = re.compile(r"(<!-- BEGIN fields (?P<key>[\w.]+) [^>]*-->\n).*?(<!-- END fields (?P=key) -->)", re.S)
 

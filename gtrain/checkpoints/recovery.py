@@ -277,6 +277,7 @@ def wait(cluster: Cluster, job: JobRecord, ctx: Context, on_line: Callable[[LogL
          tail: int | None = None, nodes: list[int] | None = None, rank: int | None = None) -> JobRecord:
     """Follow ``job`` to its end, recovering it on the way as its policy says (when no other process is)."""
     from gtrain.jobs.follow import follow
+    from gtrain.notify.dispatch import notify_job
 
     if int(policy(job).get("max_restarts", 0)) <= 0 and job.status != RECOVERING:
         return follow(cluster, job, ctx, on_line, tail=tail, nodes=nodes, rank=rank)
@@ -293,6 +294,7 @@ def wait(cluster: Cluster, job: JobRecord, ctx: Context, on_line: Callable[[LogL
                 cluster = ctx.store.get_cluster_by_id(cluster.id)  # moved to another candidate, maybe
                 if job.status != JobState.RUNNING.value:
                     return job
+                notify_job(cluster, job, ctx, "recovered", key=f"recovered-{job.info.get('attempt', 1)}")
                 tail = None  # a new attempt: all of its lines
             job = follow(cluster, job, ctx, on_line, tail=tail, nodes=nodes, rank=rank,
                          check=functools.partial(lost_reason, cluster, ctx), check_every_s=_watch_poll_s())
@@ -305,7 +307,10 @@ def wait(cluster: Cluster, job: JobRecord, ctx: Context, on_line: Callable[[LogL
                     ctx.store.update_job(job.id, status=JobState.FAILED.value, exit_code=job.exit_code or 1)
                 ctx.report.warn(f"not recovering: {v.why}")
                 return _save(ctx, job, None, status=ctx.store.get_job(job.id).status, recovery_stopped=v.why)
-            begin(cluster, job, ctx, v)
+            attempt = int(job.info.get("attempt", 1)) + 1
+            job = begin(cluster, job, ctx, v)
+            notify_job(cluster, job, ctx, "preempted", key=f"preempted-{attempt}",
+                       detail=f"{v.kind} of node(s) {v.lost}: recovering")
 
 
 def summary_line(rec: dict[str, Any]) -> str:

@@ -42,6 +42,8 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("health", "health_cmds", "Check every node: GPUs vs the spec, ECC, Xid, an all-reduce, GEMM digests (silent data "
                               "corruption)."),
     ("top", "health_cmds", "A live view of every node's GPUs: utilisation, memory, temperature, power, steps/s."),
+    ("notify", "notify_cmds", "Send a sample message to every target of the spec's notify: block (webhook, e-mail, "
+                              "command)."),
     ("sync", "data_cmds", "Incremental, parallel, checksum-verified sync; an interrupted sync resumes."),
 )
 

@@ -46,29 +46,40 @@ def health(
         raise typer.Exit(1)
 
 
-def gpu_table(cluster: str) -> tuple[list[list[Any]], str | None]:
-    """Rows of the newest telemetry of the cluster's newest job, and the job id (None: no job yet)."""
+def gpu_table(cluster: str, *, energy: bool = False) -> tuple[list[list[Any]], str | None, dict[str, Any] | None]:
+    """Rows of the newest telemetry of the cluster's newest job, the job id (None: no job yet) and, with
+    ``energy``, the job's energy so far (gtrain.health.energy: per node and in all, its carbon estimate)."""
     from gtrain.context import Context
     from gtrain.health import telemetry
+    from gtrain.health.energy import Energy, carbon, from_integral
 
     ctx = Context(report=out.CLIReporter())
     c = ctx.cluster(cluster)
     jobs = ctx.store.jobs(c.id)
     if not jobs:
-        return [], None
-    return telemetry.rows(telemetry.read(c, jobs[-1], ctx, samples=64)), jobs[-1].id
+        return [], None, None
+    tele = telemetry.read(c, jobs[-1], ctx, samples=64, energy=energy)
+    doc = None
+    if energy:
+        e = Energy([from_integral(t.node, t.energy or {}) for t in tele if not t.error])
+        e.carbon = carbon(e.total_kwh, c.region, c.spec.get("energy"))
+        doc = e.to_dict()
+    return telemetry.rows(tele), jobs[-1].id, doc
 
 
 def show_gpus(cluster: str, json_: bool) -> None:
     """`gtrain status CLUSTER --gpus`."""
-    rows, job = gpu_table(cluster)
+    rows, job, energy = gpu_table(cluster, energy=True)
     if json_:
-        out.emit_json({"cluster": cluster, "job": job, "gpus": [dict(zip(GPU_COLUMNS, r, strict=True)) for r in rows]})
+        out.emit_json({"cluster": cluster, "job": job, "gpus": [dict(zip(GPU_COLUMNS, r, strict=True)) for r in rows],
+                       "energy": energy})
         return
     if job is None:
         out.say(f"no job on {cluster} yet: nothing sampled")
         return
     out.table(f"GPUs of job {job}", GPU_COLUMNS, rows)
+    if energy is not None:
+        out.say(out.energy_line(energy) + " (so far)")
 
 
 def top(
@@ -92,7 +103,7 @@ def top(
     from rich.table import Table
 
     def frame() -> Table:
-        rows, job = gpu_table(cluster)
+        rows, job, _energy = gpu_table(cluster)
         t = Table(title=f"{cluster}: job {job or '-'}  ({time.strftime('%H:%M:%S')}, Ctrl+C to quit)")
         for col in GPU_COLUMNS:
             t.add_column(col)

@@ -237,3 +237,17 @@ def cost_table(report: Any) -> None:
     placement_table(getattr(report, "placement", None))
     note = "  (* estimate)" if report.estimate else ""
     say(f"total: {fmt_usd(report.total_usd)} for {report.node_hours:.4f} node-hours{note}")
+    if getattr(report, "energy", None) is not None:
+        say(energy_line(report.energy))
+
+
+def energy_line(doc: dict) -> str:  # type: ignore[type-arg]
+    """``energy: 3.2 kWh (GPU power only ...); ~1.03 kg CO2e (estimate: ...)`` or ``energy: no energy data``."""
+    if doc.get("kwh") is None:
+        return f"energy: {doc.get('note') or 'no energy data'}"
+    text = f"energy: {doc['kwh']:.4g} kWh ({doc.get('note')})"
+    c = doc.get("carbon")
+    if c:
+        text += (f"; ~{c['kg_co2e']:.3g} kg CO2e (estimate: {c['gco2_per_kwh']:g} gCO2e/kWh, {c['source']}"
+                 + (f", {c['date']}" if c.get("date") else "") + ")")
+    return text

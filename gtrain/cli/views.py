@@ -44,6 +44,8 @@ def show_status(cluster: str | None, json_: bool) -> None:
                       [[jid, x["attempt"], x["kind"], x["lost"], out.fmt_time(x["detected_at"]), f"{x['seconds']:.1f}",
                         out.fmt_usd(x["cost_usd"])] for jid, x in recs])
         out.placement_table(r.get("placement"))
+        for name, url in sorted(((r["jobs"] or [{}])[-1].get("tracking") or {}).items()):
+            out.say(f"{name}: {url}")
         if r.get("recovery"):
             out.say(f"recovery: {r['recovery']}")
         if r["status"] == "stopped":

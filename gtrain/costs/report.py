@@ -37,6 +37,8 @@ class CostReport:
     recoveries: list[dict[str, Any]] = field(default_factory=list)
     #: ``resources.any_of``: the candidates and what became of each (gtrain.placement.record), else None
     placement: dict[str, Any] | None = None
+    #: kWh of the cluster's jobs from their kept GPU telemetry (gtrain.health.energy; ``kwh`` None: no data)
+    energy: dict[str, Any] | None = None
 
     @property
     def recovery_summary(self) -> dict[str, Any]:
@@ -65,6 +67,7 @@ class CostReport:
             "estimate": self.estimate, "lines": [asdict(line) for line in self.lines],
             "recovery": self.recovery_summary, "recoveries": self.recoveries,
             "placement": {k: v for k, v in self.placement.items() if k != "spec"} if self.placement else None,
+            "energy": self.energy,
         }
 
 
@@ -86,6 +89,7 @@ def cluster_cost(store: StateStore, cluster: Cluster, provider: Provider, *, per
             price_per_hour=iv.price_per_hour, cost_usd=round(cost, 6), estimate=estimate, note=note,
         ))
     report.placement = cluster.extra.get("any_of")
+    report.energy = cluster_energy(store, cluster)
     report.recoveries = [{"job": j.id, **r} for j in store.jobs(cluster.id) for r in j.info.get("recoveries") or []]
     return report
 
@@ -93,3 +97,17 @@ def cluster_cost(store: StateStore, cluster: Cluster, provider: Provider, *, per
 def history(store: StateStore, provider_for: Any) -> list[CostReport]:
     """Every cluster ever run, oldest first. ``provider_for(name)`` returns a provider instance."""
     return [cluster_cost(store, c, provider_for(c.provider)) for c in store.list_clusters(include_terminated=True)]
+
+
+def cluster_energy(store: StateStore, cluster: Cluster) -> dict[str, Any] | None:
+    """Energy of every job of the cluster from the telemetry the run archive kept (per node and in all)."""
+    from gtrain.health.energy import from_folders
+    from gtrain.runlog.events import job_dir
+
+    try:
+        folders = [job_dir(store.home, cluster.id, j.id) / "telemetry" for j in store.jobs(cluster.id)]
+        accel = str((cluster.spec.get("resources") or {}).get("accelerators") or "")
+        return from_folders(folders, gpu_name=accel.split(":")[0] or None, region=cluster.region,
+                            override=cluster.spec.get("energy")).to_dict()
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None

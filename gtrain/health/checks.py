@@ -245,6 +245,9 @@ def preflight(cluster: Cluster, spec: ClusterSpec, ctx: Context, *, replace_bad:
         ctx.event(cluster, "preflight", node=bad, msg=f"replaced node(s) {', '.join(map(str, bad))}")
         report = _preflight_once(cluster, spec, ctx, mode)
     if report.failed():
+        from gtrain.notify.dispatch import notify_cluster
+
+        notify_cluster(cluster, ctx, "health_failed", spec.notify, detail=f"preflight ({mode}): {report.summary()}")
         again = " after replacing them once" if replace_bad and report.failed_nodes() else ""
         raise HealthFailed(report, hint=f"see `gtrain health {cluster.name}`; fix or replace the named node(s)"
                                         f"{again}, or set policies.preflight: off")

@@ -153,19 +153,107 @@ def health(checkpoint_path: str, store: str = "", with_xid: str = "1") -> dict[s
 
 # ---- telemetry --------------------------------------------------------------------------------------
 
-def telemetry(job_dir: str, last: str = "360", metrics: str = "") -> dict[str, object]:
+def telemetry(job_dir: str, last: str = "360", metrics: str = "", energy: str = "") -> dict[str, object]:
     """The newest ``last`` samples of every ``JOB/telemetry/*.jsonl`` on this node, and the newest two lines
-    of the job's metrics file (``metrics``, when the job writes one: steps/s is read from them)."""
+    of the job's metrics file (``metrics``, when the job writes one: steps/s is read from them). With
+    ``energy`` (a GPU's board power in W, or ``0``): ``energy``, every kept sample integrated (:func:`integrate`)."""
     out: dict[str, object] = {"samples": [], "metrics": []}
     tdir = os.path.join(job_dir, "telemetry")
     rows: list[object] = []
+    every: list[object] = []
     for name in sorted(_listdir(tdir)):
         if name.endswith(".jsonl"):
             rows += _tail_json(os.path.join(tdir, name), int(last))
+            if energy:
+                every += _all_json(os.path.join(tdir, name))
     out["samples"] = rows
+    if energy:
+        out["energy"] = integrate(every, float(energy) or None)
     if metrics:
         out["metrics"] = [m for m in _tail_json(metrics, 2) if isinstance(m, dict)]
     return out
+
+
+def _all_json(path: str) -> list[object]:
+    out: list[object] = []
+    try:
+        with open(path, "rb") as f:
+            for line in f:
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue
+    except OSError:
+        pass
+    return out
+
+
+#: samples of one GPU further apart than this are not joined (the sampler's default interval is 10 s)
+MAX_GAP_S = 60.0
+
+
+def _num(v: object) -> float | None:
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf"):
+        return float(v)
+    return None
+
+
+def integrate(samples: list[object], tdp_w: float | None = None) -> dict[str, object]:
+    """Energy of one node's samples (``{"t", "gpu", "power", "util"}``): per GPU, between two samples at most
+    :data:`MAX_GAP_S` apart, the mean of their draws x the time between them; a sample without a draw but with
+    a utilisation counts ``tdp_w`` x utilisation (``estimate``). ``joules`` None: no power data at all."""
+    by_gpu: dict[int, list[tuple[float, float, bool]]] = {}
+    for s in samples:
+        if not isinstance(s, dict):
+            continue
+        t, gpu = _num(s.get("t")), s.get("gpu")
+        if t is None or not isinstance(gpu, int) or isinstance(gpu, bool):
+            continue
+        watts, est = _num(s.get("power")), False
+        util = _num(s.get("util"))
+        if watts is None and tdp_w and util is not None:
+            watts, est = tdp_w * max(0.0, min(util, 100.0)) / 100.0, True
+        if watts is not None and watts >= 0:
+            by_gpu.setdefault(gpu, []).append((t, watts, est))
+    host = _host_joules([s for s in samples if isinstance(s, dict) and s.get("host") == "rapl"])
+    joules, span, gap, estimate = 0.0, 0.0, 0.0, False
+    for pts in by_gpu.values():
+        pts.sort()
+        for (t0, w0, e0), (t1, w1, e1) in zip(pts, pts[1:]):  # noqa: B905 -- pairs of one list
+            dt = t1 - t0
+            if dt <= 0:
+                continue
+            if dt > MAX_GAP_S:
+                gap += dt
+                continue
+            joules += (w0 + w1) / 2 * dt
+            estimate = estimate or e0 or e1
+        span = max(span, pts[-1][0] - pts[0][0])
+    return {"joules": joules if by_gpu else None, "gpus": len(by_gpu), "seconds": span, "gap_s": gap,
+            "estimate": estimate, "host_joules": host}
+
+
+def _host_joules(rows: list[dict[str, object]]) -> float | None:
+    """CPU package energy from RAPL counter rows (``{"t", "uj": [...], "max_uj": [...]}``): the counters'
+    increase between rows at most :data:`MAX_GAP_S` apart, a counter that wrapped counted through its range."""
+    pts: list[tuple[float, list[int], list[int]]] = []
+    for r in rows:
+        t, uj, top = _num(r.get("t")), r.get("uj"), r.get("max_uj")
+        if t is not None and isinstance(uj, list) and isinstance(top, list):
+            try:
+                pts.append((t, [int(x) for x in uj], [int(x) for x in top]))
+            except (TypeError, ValueError):
+                continue  # a damaged row
+    pts.sort(key=lambda p: p[0])
+    if len(pts) < 2:
+        return None
+    total = 0.0
+    for (t0, a, top), (t1, b, _top) in zip(pts, pts[1:]):  # noqa: B905 -- pairs of one list
+        if not 0 < t1 - t0 <= MAX_GAP_S or len(a) != len(b) or len(a) != len(top):
+            continue
+        for x, y, m in zip(a, b, top):  # noqa: B905 -- lengths checked
+            total += (y - x if y >= x else m - x + y) / 1e6
+    return total
 
 
 def _tail_json(path: str, n: int) -> list[object]:

@@ -30,6 +30,8 @@ class NodeTelemetry:
     samples: list[dict[str, Any]] = field(default_factory=list)
     metrics: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
+    #: with ``read(..., energy=True)``: every kept sample of the node integrated (gtrain.health.nodeprobe.integrate)
+    energy: dict[str, Any] | None = None
 
     def latest(self) -> list[dict[str, Any]]:
         """The newest sample of each GPU, in GPU order."""
@@ -48,22 +50,28 @@ class NodeTelemetry:
         return None
 
 
-def read(cluster: Cluster, job: JobRecord, ctx: Context, samples: int = SAMPLES) -> list[NodeTelemetry]:
-    """Every node's telemetry of ``job`` (a node that cannot be asked: ``error`` set)."""
+def read(cluster: Cluster, job: JobRecord, ctx: Context, samples: int = SAMPLES, *,
+         energy: bool = False) -> list[NodeTelemetry]:
+    """Every node's telemetry of ``job`` (a node that cannot be asked: ``error`` set); with ``energy``, each
+    node's energy so far, integrated on the node over every sample it kept."""
     from gtrain.health.checks import call_node
+    from gtrain.health.energy import tdp_of
     from gtrain.jobs.nodescript import job_dir
 
     runners = ctx.runners(cluster)
     metrics = str(job.info.get("metrics_file") or "")
+    accel = str((cluster.spec.get("resources") or {}).get("accelerators") or "")
+    extra = [str(tdp_of(accel.split(":")[0]) or 0)] if energy else []
 
     def one(i: int) -> NodeTelemetry:
         r = runners[i]
         jd = job_dir(r, job.id)
         try:
-            doc = call_node(r, "telemetry", jd, str(samples), metrics or f"{jd}/metrics.jsonl", timeout=30)
+            doc = call_node(r, "telemetry", jd, str(samples), metrics or f"{jd}/metrics.jsonl", *extra, timeout=30)
         except (RemoteError, ValueError) as e:
             return NodeTelemetry(i, error=getattr(e, "message", str(e)))
-        return NodeTelemetry(i, list(doc.get("samples") or []), list(doc.get("metrics") or []))
+        return NodeTelemetry(i, list(doc.get("samples") or []), list(doc.get("metrics") or []),
+                             energy=doc.get("energy"))
 
     return parallel(one, list(range(len(runners))))
 
@@ -118,6 +126,9 @@ def enforce_min_gpu_util(cluster: Cluster, job: JobRecord, ctx: Context, policy:
     if policy.action == "stop":
         ctx.report.warn(msg + "; stopping the job")
         ctx.backend(cluster).cancel(job, grace_s=10)
+        from gtrain.notify.dispatch import notify_job
+
+        notify_job(cluster, ctx.store.get_job(job.id), ctx, "idle_stopped", detail=msg)
     else:
         ctx.report.warn(msg + f"; `gtrain cancel {cluster.name}` stops it")
     return msg

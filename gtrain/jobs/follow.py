@@ -77,6 +77,7 @@ def follow(cluster: Cluster, job: JobRecord, ctx: Context, on_line: Callable[[Lo
         if follow and time.monotonic() - last_idle_check > IDLE_CHECK_S:  # policies.min_gpu_util
             last_idle_check = time.monotonic()
             _idle_gpus(cluster, job, ctx)
+            budget_check(cluster, job, ctx)
         # A node that ended badly while others still run: refresh (which stops the rest, see refresh_job).
         if follow and ended and open_streams and time.monotonic() - last_check > 2:
             last_check = time.monotonic()
@@ -106,3 +107,24 @@ def _idle_gpus(cluster: Cluster, job: JobRecord, ctx: Context) -> None:
             ctx.report.warn(msg)
     except (GtrainError, OSError, ValueError) as e:
         ctx.report.warn(f"could not read GPU telemetry: {getattr(e, 'message', e)}")
+
+
+def budget_check(cluster: Cluster, job: JobRecord, ctx: Context) -> float | None:
+    """``notify.on: budget_80``: the share of ``policies.max_cost_usd`` spent so far; at 80% or more the
+    message is sent (once: gtrain.notify dedups it)."""
+    from gtrain.costs.report import cluster_cost
+    from gtrain.errors import GtrainError
+    from gtrain.notify.dispatch import notify_job
+
+    try:
+        cap = ctx.spec_of(cluster).policies.max_cost_usd
+        if not cap:
+            return None
+        spent = cluster_cost(ctx.store, cluster, ctx.provider(cluster.provider)).total_usd
+    except (GtrainError, OSError, ValueError):
+        return None
+    share = spent / cap
+    if share >= 0.8:
+        notify_job(cluster, ctx.store.get_job(job.id), ctx, "budget_80",
+                   detail=f"${spent:.2f} of policies.max_cost_usd ${cap:.2f} spent ({share:.0%})")
+    return share

@@ -67,8 +67,10 @@ def check_job(spec: ClusterSpec) -> tuple[Job, str]:
             check_options(job.container)
         check_credentials(job)
     from gtrain.redact import register_secrets
+    from gtrain.tracking import secret_names
 
-    register_secrets([*job.secrets, *([job.image_credentials.password_secret] if job.image_credentials else [])])
+    register_secrets([*job.secrets, *secret_names(job),
+                      *([job.image_credentials.password_secret] if job.image_credentials else [])])
     # from here on, their values are masked in all gtrain stores or prints
     return job, str(workdir)
 
@@ -119,7 +121,14 @@ def launch(cluster: Cluster, spec: ClusterSpec, ctx: Context, *, force: bool = F
         if preflight(cluster, spec, ctx, replace_bad=replace_bad) is not None:  # a failed node: exit 1 here
             backend = ctx.backend(cluster)  # --replace-bad may have made new nodes: their runners, not the old
 
-        request = backend.reserve(JobRequest(cluster, spec, new_job_id(cluster.name), local_workdir))
+        job_id = new_job_id(cluster.name)
+        from gtrain.tracking import start_mlflow_run
+
+        if run_env := start_mlflow_run(_job, job_id):  # the job's parent run: kept in the job's recorded spec,
+            spec = spec.model_copy(deep=True)  # so a recovery's ranks log to the same run
+            assert spec.job is not None
+            spec.job.env = {**spec.job.env, **run_env}
+        request = backend.reserve(JobRequest(cluster, spec, job_id, local_workdir))
         plan = backend.dryrun(request)
         prepare_checkpoints(plan, backend, ctx.report, fresh=fresh)  # a store refusing writes stops here
         ctx.store.create_job(cluster.id, plan.job_id, dict(plan.info))

@@ -48,7 +48,9 @@ def job_dir(runner: Runner, job_id: str) -> str:
 
 def secret_stdin(job: Job) -> bytes:
     """The job's secrets as ``NAME=value\\0`` pairs, sent on stdin: never written to a node's disk."""
-    return b"".join(f"{n}={os.environ[n]}".encode() + b"\x00" for n in job.secrets)
+    from gtrain.tracking import secret_names
+
+    return b"".join(f"{n}={os.environ[n]}".encode() + b"\x00" for n in [*job.secrets, *secret_names(job)])
 
 
 def launcher_of(spec: ClusterSpec, job: Job) -> tuple[str, int, dict[str, Any], list[str]]:
@@ -69,10 +71,13 @@ def launcher_of(spec: ClusterSpec, job: Job) -> tuple[str, int, dict[str, Any], 
 def node_contexts(cluster: Cluster, spec: ClusterSpec, job: Job, runners: list[Runner], job_id: str,
                   master_port: int) -> list[NodeContext]:
     """Every node's render context."""
+    from gtrain import tracking
     from gtrain.checkpoints.policy import run_key
 
     name, nproc, options, notes = launcher_of(spec, job)
     addrs = [r.address for r in runners]
+    key = run_key(cluster.name, job.run_id, job.run, job.checkpoint_dir)
+    env = {**tracking.env(job, job_id, key), **job.env}
     out = []
     for rank, r in enumerate(runners):
         workdir = f"{r.root}/workdir"
@@ -82,12 +87,12 @@ def node_contexts(cluster: Cluster, spec: ClusterSpec, job: Job, runners: list[R
             node_addr=r.address, master_addr=addrs[0], master_port=master_port, nproc_per_node=nproc,
             job_dir=job_dir(r, job_id), workdir=workdir, checkpoint_dir=f"{workdir}/{job.checkpoint_dir}",
             python=job.python or ("python3" if job.image else r.python), argv=job.argv,
-            env={**spec.resources.accelerator_env(), **job.env},
-            secret_names=list(job.secrets),
+            env={**spec.resources.accelerator_env(), **env},
+            secret_names=[*job.secrets, *tracking.secret_names(job)],
             setup=job.setup, max_restarts=job.max_restarts, launcher=name, launcher_options=options,
             launcher_notes=notes, checkpoint_store=job.checkpoint_store or "", **ctr,
             checkpoint_env=job.checkpoint_tuning.to_env() if job.checkpoint_tuning else {},
-            checkpoint_key=run_key(cluster.name, job.run_id, job.run, job.checkpoint_dir),
+            checkpoint_key=key,
         ))
     return out
 
@@ -103,6 +108,13 @@ def container_fields(cluster: Cluster, spec: ClusterSpec, job: Job, job_id: str,
                           "gpus": spec.resources.gpus_per_node > 0, "mounts": mounts, "workdir": workdir}
     return {"container_argv": run_argv(job, **kw), "container_setup_argv": run_argv(job, **kw, suffix="-setup"),
             "container_runtime": vm_runtime(job), "container_name": container_name(cluster.name, job_id, rank)}
+
+
+def tracking_links(cluster: Cluster, job: Job) -> dict[str, str]:
+    from gtrain.checkpoints.policy import run_key
+    from gtrain.tracking import links
+
+    return links(job, run_key(cluster.name, job.run_id, job.run, job.checkpoint_dir))
 
 
 class NodeScriptBackend(JobBackend):
@@ -133,7 +145,7 @@ class NodeScriptBackend(JobBackend):
         info = {"run": job.run, "argv": job.argv, "nproc_per_node": ctxs[0].nproc_per_node,
                 "num_nodes": len(ctxs), "master": master, "checkpoint_dir": job.checkpoint_dir,
                 "workdir": request.workdir, "env_names": sorted(job.env), "secret_names": list(job.secrets),
-                "backend": self.name}
+                "backend": self.name, "tracking_links": tracking_links(self.cluster, job)}
         return JobPlan(request, {c.node_rank: render_all(c) for c in ctxs}, info, {"contexts": ctxs})
 
     def submit(self, plan: JobPlan, report: Reporter | None = None) -> str:

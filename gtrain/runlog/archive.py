@@ -45,6 +45,7 @@ MAX_LOG_LINES = 200_000
 MAX_FILE_BYTES = 64 * 2**20
 DEFAULT_MAX_MB = 2048
 TB_ENV = "GTRAIN_TENSORBOARD_DIR"
+TB_DEFAULT = "tensorboard"
 
 
 # ---- finding a cluster or a job, gone or not -----------------------------------------------------------
@@ -131,6 +132,8 @@ def _tb_dir(cluster: Cluster, runner: Runner) -> str | None:
     job = cluster.spec.get("job") or {}
     env = job.get("env") or {}
     rel = env.get(TB_ENV) if isinstance(env, dict) else None
+    if not rel and isinstance(job.get("tracking"), dict) and job["tracking"].get("tensorboard"):
+        rel = TB_DEFAULT  # job.tracking.tensorboard: gtrain set GTRAIN_TENSORBOARD_DIR to it (gtrain.tracking)
     if not rel:
         return None
     rel = str(rel)

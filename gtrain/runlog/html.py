@@ -81,7 +81,7 @@ def gpu_charts(run: RunData, points: int = DISPLAY_POINTS) -> list[svg.Chart]:
     if not run.gpus:
         return []
     t0 = _origin(run)
-    util, mem = [], []
+    util, mem, power = [], [], []
     for g in run.gpus:
         x = [(t - t0) / 60 for t in g.t]
         label = f"node {g.node} gpu {g.gpu}"
@@ -91,9 +91,14 @@ def gpu_charts(run: RunData, points: int = DISPLAY_POINTS) -> list[svg.Chart]:
             util.append(svg.Line(label, ux, uy))
         if mx:
             mem.append(svg.Line(label, mx, my))
+        px, py = downsample(x, g.power, points)
+        if px:
+            power.append(svg.Line(label, px, py))
     markers = _markers(run, t0, ("recovery",))
     return [svg.Chart("GPU utilisation (%)", util, x_label="minutes since up", kind="gpu", markers=markers),
-            svg.Chart("GPU memory used", mem, x_label="minutes since up", kind="gpu", markers=markers)]
+            svg.Chart("GPU memory used", mem, x_label="minutes since up", kind="gpu", markers=markers)] + (
+        [svg.Chart("GPU power draw (W)", power, x_label="minutes since up", kind="power", markers=markers)]
+        if power else [])
 
 
 def _events(run: RunData) -> list[dict[str, Any]]:

@@ -66,6 +66,7 @@ class GpuSeries:
     util: list[float | None] = field(default_factory=list)
     mem_used: list[float | None] = field(default_factory=list)
     mem_total: float | None = None
+    power: list[float | None] = field(default_factory=list)
 
 
 @dataclass
@@ -80,6 +81,8 @@ class RunData:
     stats: ParseStats = field(default_factory=ParseStats)
     notes: list[str] = field(default_factory=list)
     archive: str = ""
+    #: gtrain.health.energy.Energy.to_dict() of the job's telemetry (kwh None: no energy data)
+    energy: dict[str, Any] = field(default_factory=dict)
 
     def metrics(self) -> list[str]:
         """Metric names, in the order they first appear."""
@@ -108,7 +111,7 @@ class RunData:
                 "duration_s": round(end - start, 3) if start and end else None,
                 "total_usd": self.total_usd, "estimate": any(c.estimate for c in self.costs),
                 "node_hours": round(sum(c.hours for c in self.costs), 6), "metrics": final,
-                "points": self.points}
+                "points": self.points, "energy": self.energy or None}
 
 
 def series_from_points(points: Iterable[Point]) -> list[Series]:
@@ -140,11 +143,14 @@ def read_gpus(folder: Path) -> list[GpuSeries]:
                     t = float(rec["t"])
                 except (ValueError, KeyError, TypeError):
                     continue
+                if "host" in rec:  # the node's RAPL counters (gtrain.health.energy), not a GPU
+                    continue
                 gpu = rec.get("gpu", 0)
                 g = out.get((node, gpu)) or out.setdefault((node, gpu), GpuSeries(node, int(gpu)))
                 g.t.append(t)
                 g.util.append(_f(rec.get("util")))
                 g.mem_used.append(_f(rec.get("mem_used")))
+                g.power.append(_f(rec.get("power")))
                 if _f(rec.get("mem_total")) is not None:
                     g.mem_total = _f(rec.get("mem_total"))
     return [out[k] for k in sorted(out)]
@@ -306,10 +312,22 @@ def load_run(folder: Path, cluster: dict[str, Any], job: dict[str, Any], *, cost
     run.series = load_metrics(folder, log_keys=log_keys, stats=run.stats, notes=run.notes)
     run.gpus = read_gpus(folder / "telemetry") if gpus else []
     run.costs = list(costs)
+    run.energy = _energy(folder, cluster)
     run.events = derived_events(cluster, job, [e for e in events if e.get("job") in (None, job.get("id"))])
     if run.stats.skipped:
         run.notes.append(f"{run.stats.skipped} metric line(s) were not JSON objects and were skipped")
     return run
+
+
+def _energy(folder: Path, cluster: dict[str, Any]) -> dict[str, Any]:
+    from gtrain.health.energy import from_folders
+
+    spec = cluster.get("spec") or {}
+    res = spec.get("resources") or {}
+    accel = str(res.get("accelerators") or "")
+    region = cluster.get("region") or res.get("region") or (res.get("regions") or [None])[0]
+    return from_folders([folder / "telemetry"], gpu_name=accel.split(":")[0] or None, region=region,
+                        override=spec.get("energy")).to_dict()
 
 
 def downsample(x: Sequence[float], y: Sequence[float | None], n: int) -> tuple[list[float], list[float]]:

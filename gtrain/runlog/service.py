@@ -37,7 +37,7 @@ def _cluster_dict(c: Cluster) -> dict[str, Any]:
 
 def _job_dict(j: Job) -> dict[str, Any]:
     return {"id": j.id, "status": j.status, "exit_code": j.exit_code, "created_at": j.created_at,
-            "ended_at": j.ended_at, "run": j.info.get("run")}
+            "ended_at": j.ended_at, "run": j.info.get("run"), "tracking": j.info.get("tracking_links") or {}}
 
 
 def refresh(ctx: Context, cluster: Cluster, job: Job, *, logs: bool = False) -> None:

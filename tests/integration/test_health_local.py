@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -80,7 +81,10 @@ def gpu_cluster(tmp_path: Path, gtrain_home: Path, monkeypatch: pytest.MonkeyPat
     (bindir / "nvidia-smi").symlink_to(FIXTURES / "nvidia-smi")
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("GTRAIN_SMI_FIXTURE", "h100_8_healthy")
-    spec = write_spec(tmp_path, "hg", resources={"accelerators": "H100:8"}, policies={"preflight": "quick"})
+    events = gtrain_home / "notify-events.jsonl"  # notify: a command appends each event it is given on stdin
+    cmd = f"{sys.executable} -c 'import sys; open(sys.argv[1], \"a\").write(sys.stdin.read() + \"\\n\")' {events}"
+    spec = write_spec(tmp_path, "hg", resources={"accelerators": "H100:8"}, policies={"preflight": "quick"},
+                      notify={"command": cmd})
     res = gtrain.up(spec)
     assert res.cluster is not None
     yield "hg", gtrain_home / "clusters" / "hg"
@@ -100,6 +104,23 @@ def test_preflight_fails_the_launch_naming_the_node_then_telemetry_and_idle_stop
     (base / "node-1" / ".nvidia-smi-fixture").unlink()
     monkeypatch.setenv("GTRAIN_TELEMETRY_INTERVAL", "0.5")
     monkeypatch.setenv("GTRAIN_SMI_TELEMETRY", "a100_idle_telemetry")
+    # RAPL as the powercap sysfs shows it (Documentation/power/powercap/powercap.rst: intel-rapl:N/energy_uj,
+    # max_energy_range_uj; a sub-zone intel-rapl:0:0 is not counted again): one package at a constant 40 W
+    rapl = base.parent.parent / "powercap"
+    for zone in ("intel-rapl:0", "intel-rapl:0:0"):
+        (rapl / zone).mkdir(parents=True)
+        (rapl / zone / "max_energy_range_uj").write_text("262143328850\n")
+        (rapl / zone / "energy_uj").write_text("0\n")
+    monkeypatch.setenv("GTRAIN_RAPL_DIR", str(rapl))
+    counting = threading.Event()
+
+    def count(t0: float = time.time()) -> None:
+        while not counting.wait(0.05):
+            tmp = rapl / "intel-rapl:0" / "energy_uj.tmp"
+            tmp.write_text(f"{int((time.time() - t0) * 40e6)}\n")
+            tmp.replace(rapl / "intel-rapl:0" / "energy_uj")
+
+    threading.Thread(target=count, daemon=True).start()
     job = gtrain.launch(cluster=name)  # preflight passes now (the GPU checks, the all-reduce, the digests)
     ctx = Context()
     cluster = ctx.cluster(name)
@@ -119,9 +140,27 @@ def test_preflight_fails_the_launch_naming_the_node_then_telemetry_and_idle_stop
     assert r.returncode == 0, r.stderr
     gpus = json.loads(r.stdout)["gpus"]
     assert len(gpus) == 16 and gpus[0]["util"] == "0%" and gpus[0]["memory"] == "3/40960 MiB"
+    so_far = json.loads(r.stdout)["energy"]  # integrated on each node over every sample it kept
+    assert so_far["kwh"] > 0 and [n["gpus"] for n in so_far["nodes"]] == [8, 8] and not so_far["estimate"]
+    counting.set()
+    for n in so_far["nodes"]:  # 40 W of CPU package over the samples' span, from the counters' increase
+        assert n["host_kwh"] == pytest.approx(40 * n["seconds"] / 3.6e6, rel=0.15), so_far
+    assert "RAPL" in so_far["note"]
 
     # every GPU idle for longer than the (tiny) window: action stop cancels the job through its backend
     msg = enforce_min_gpu_util(cluster, record, ctx, MinGpuUtil(percent=10, minutes=0.01, action="stop"))
     assert msg is not None and "under 10% utilisation" in msg
     final = gtrain.wait(name, job_id=job.job_id)
     assert final.status == "cancelled"
+    sent = [json.loads(x) for x in (base.parent.parent / "notify-events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in sent] == ["health_failed", "idle_stopped"]  # `cancelled` is not in notify.on
+    assert "gpu.count" in sent[0]["detail"] and "under 10% utilisation" in sent[1]["detail"]
+
+    # kWh from the real sampler's readings of the stub (8 GPUs x 55.01 W on each node), to 1 %
+    from gtrain.health.energy import node_energy
+
+    for t in read(cluster, record, ctx):
+        e = node_energy(t.node, t.samples)
+        span = {g: [s["t"] for s in t.samples if s.get("gpu") == g] for g in range(8)}
+        expected = sum(55.01 * (max(ts) - min(ts)) for ts in span.values()) / 3.6e6
+        assert e.gpus == 8 and e.kwh == pytest.approx(expected, rel=0.01) and not e.estimate

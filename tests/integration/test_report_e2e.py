@@ -154,6 +154,11 @@ def test_report_of_a_gone_cluster_opened_in_chromium(ran: dict[str, object], env
         gpu = drv.execute_script("return [...document.querySelectorAll('svg.chart[data-kind=gpu]')].map("
                                  "s => [...s.querySelectorAll('polyline')].map(p => p.points.numberOfItems))")
         assert gpu == [[6, 6, 6, 6], [6, 6, 6, 6]]  # util and memory: 2 nodes x 2 GPUs x 6 samples
+        power = drv.execute_script("return [...document.querySelectorAll('svg.chart[data-kind=power]')].map("
+                                   "s => [...s.querySelectorAll('polyline')].map(p => p.points.numberOfItems))")
+        assert power == [[6, 6, 6, 6]]  # the stub's recorded power.draw, one line per GPU
+        energy = drv.find_element(By.ID, "energy").text
+        assert "kWh" in energy and "GPU power only" in energy, energy
         kinds = [e.get_attribute("data-kind") for e in drv.find_elements(By.CSS_SELECTOR, "tr.event")]
         assert kinds[:2] == ["up", "launch"] and "recovery" in kinds and kinds[-1] == "down"
         assert "metrics_job.py" in drv.find_element(By.ID, "spec-json").text

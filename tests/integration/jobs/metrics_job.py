@@ -30,5 +30,5 @@ if os.environ.get("LOCAL_RANK") == "0":
         for i in range(6):
             for gpu in range(2):
                 f.write(json.dumps({"t": now - 6 + i, "gpu": gpu, "util": 10 * i + gpu, "mem_used": 1e9 * i,
-                                    "mem_total": 8e10}) + "\n")
+                                    "mem_total": 8e10, "power": 100.0 + 10 * i + gpu}) + "\n")
 print(f"rank {rank} done", flush=True)

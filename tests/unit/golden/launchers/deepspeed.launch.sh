@@ -67,6 +67,21 @@ def num(cell):
         return float(cell)
     except ValueError:
         return None  # [N/A], [Not Supported]
+rapl = os.environ.get("GTRAIN_RAPL_DIR") or "/sys/class/powercap"
+def host_energy():
+    # RAPL package counters (intel-rapl:N, not their sub-zones), microjoules; root-only on kernels since 5.10
+    # (CVE-2020-8694) and absent on most cloud VMs: then no host row, and the energy figure says GPU only
+    try:
+        zones = sorted(d for d in os.listdir(rapl) if d.startswith("intel-rapl:") and d.count(":") == 1)
+        uj, top = [], []
+        for d in zones:
+            with open(os.path.join(rapl, d, "energy_uj")) as f:
+                uj.append(int(f.read()))
+            with open(os.path.join(rapl, d, "max_energy_range_uj")) as f:
+                top.append(int(f.read()))
+        return uj, top
+    except (OSError, ValueError):
+        return None
 lines = 0
 while alive():
     try:
@@ -81,6 +96,9 @@ while alive():
             row = {"t": now, **{k: num(c) for k, c in zip(keys, cells)}}
             row["gpu"] = int(cells[0])
             rows.append(json.dumps(row, separators=(",", ":")) + "\n")
+    host = host_energy() if rows else None
+    if host and host[0]:
+        rows.append(json.dumps({"t": now, "host": "rapl", "uj": host[0], "max_uj": host[1]}) + "\n")
     with open(out, "a", encoding="utf-8") as f:
         f.writelines(rows)
     lines += len(rows)

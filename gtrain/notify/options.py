@@ -1,0 +1,133 @@
+"""The spec's ``notify:``, ``energy:`` and ``job.tracking`` blocks (docs/notify.md, docs/energy.md,
+docs/tracking.md). Secrets are named, never written: ``url_secret`` / ``smtp_secret`` / ``api_key_secret`` name
+local environment variables read when a message is sent."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+
+EVENTS = ("succeeded", "failed", "cancelled", "preempted", "recovered", "budget_80", "idle_stopped",
+          "health_failed")
+DEFAULT_EVENTS = ["succeeded", "failed", "preempted", "recovered", "budget_80", "idle_stopped", "health_failed"]
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_EMAIL = re.compile(r"^[^@\s,;<>]+@[^@\s,;<>]+\.[^@\s,;<>]+$")
+
+
+def _secret_name(v: str) -> str:
+    if not _ENV_NAME.match(v):
+        raise ValueError(f"{v!r} is not an environment variable name: name the local variable that holds the "
+                         "secret (letters, digits, _), never the secret itself")
+    return v
+
+
+SecretName = Annotated[str, AfterValidator(_secret_name)]
+
+
+class _Block(BaseModel):
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+
+class WebhookTarget(_Block):
+    url_secret: SecretName = Field(..., description="local environment variable holding the webhook URL (the URL is "
+                            "a credential: it is never written to the spec, state or logs)")
+    format: Literal["slack", "discord", "teams", "json"] = Field(
+        "json", description="`slack`, `discord`, `teams` (the payload each service documents) or `json` "
+        "(the event as it is)")
+
+
+class EmailTarget(_Block):
+    to: list[str] = Field(..., min_length=1, max_length=50, description="recipients")
+    smtp_secret: SecretName = Field(..., description="local environment variable holding the SMTP URL "
+                             "`smtp://user:password@host:port` (`smtps://` for TLS; `?starttls=1` to upgrade)")
+    sender: str = Field("gtrain@localhost", description="the From address")
+
+    @field_validator("to")
+    @classmethod
+    def _addresses(cls, v: list[str]) -> list[str]:
+        for a in v:
+            if not _EMAIL.match(a):
+                raise ValueError(f"{a!r} is not an e-mail address (name@example.com)")
+        return v
+
+
+class NotifySpec(_Block):
+    on: list[str] = Field(default_factory=lambda: list(DEFAULT_EVENTS),
+                          description="events that send a message: " + ", ".join(f"`{e}`" for e in EVENTS))
+    webhook: WebhookTarget | None = Field(None, description="`{url_secret, format}`")
+    email: EmailTarget | None = Field(None, description="`{to: [...], smtp_secret, sender}`")
+    command: str | None = Field(None, description="a local command run with the event as JSON on its stdin "
+                                "(split like a shell command line, no shell)")
+
+    @field_validator("on")
+    @classmethod
+    def _events(cls, v: list[str]) -> list[str]:
+        for e in v:
+            if e not in EVENTS:
+                raise ValueError(f"{e!r} is not an event; pick from {', '.join(EVENTS)}")
+        return list(dict.fromkeys(v))
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                if not shlex.split(v):
+                    raise ValueError("is empty; give a command, or leave `command` out")
+            except ValueError as e:
+                raise ValueError(f"{v!r} does not split like a command line ({e})") from None
+        return v
+
+    def targets(self) -> list[str]:
+        return [n for n, t in (("webhook", self.webhook), ("email", self.email), ("command", self.command)) if t]
+
+
+class EnergySpec(_Block):
+    grid_gco2_per_kwh: float | None = Field(None, ge=0, le=2000, allow_inf_nan=False,
+                                            description="grid carbon intensity (gCO2e/kWh) instead of the "
+                                            "shipped table's figure for the region")
+    grid_source: str | None = Field(None, max_length=200, description="where that figure comes from (shown "
+                                    "beside the carbon estimate)")
+
+
+class WandbTracking(_Block):
+    project: str = Field(..., min_length=1, max_length=128, description="W&B project (WANDB_PROJECT)")
+    entity: str | None = Field(None, max_length=128, description="W&B entity (WANDB_ENTITY)")
+    api_key_secret: SecretName = Field("WANDB_API_KEY", description="local environment variable sent to the ranks "
+                                "as WANDB_API_KEY (absent locally: offline runs still work)")
+    mode: Literal["online", "offline"] | None = Field(None, description="WANDB_MODE")
+
+
+class MlflowTracking(_Block):
+    tracking_uri: str = Field(..., min_length=1, description="MLFLOW_TRACKING_URI (`http://host:5000`)")
+    experiment: str = Field("Default", min_length=1, max_length=256, description="MLFLOW_EXPERIMENT_NAME")
+    token_secret: SecretName | None = Field(None, description="local environment variable sent as "
+                                     "MLFLOW_TRACKING_TOKEN")
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _uri(cls, v: str) -> str:
+        if not re.match(r"^(https?|file|sqlite|databricks)(://|:)", v):
+            raise ValueError(f"{v!r}: give http(s)://host:port (a tracking server), file:/path or sqlite:///path")
+        if re.match(r"^https?://[^/]*@", v):
+            raise ValueError("holds a password; put the token in `token_secret`")
+        return v
+
+
+class Tracking(_Block):
+    wandb: WandbTracking | None = Field(None, description="`{project, entity, api_key_secret, mode}`")
+    mlflow: MlflowTracking | None = Field(None, description="`{tracking_uri, experiment, token_secret}`")
+    forward_metrics: bool = Field(False, description="`gtrain.metrics.log` on rank 0 also logs to the "
+                                  "configured trackers (MLflow's REST API; `wandb.log` when the script started a "
+                                  "W&B run)")
+    tensorboard: bool = Field(False, description="`GTRAIN_TENSORBOARD_DIR` / `TENSORBOARD_LOGDIR` = "
+                              "`tensorboard` (in the workdir) on every rank; the event files written there are "
+                              "kept in the run archive and read by `gtrain report`")
+
+    def secrets(self) -> list[str]:
+        out = [self.wandb.api_key_secret] if self.wandb else []
+        return out + ([self.mlflow.token_secret] if self.mlflow and self.mlflow.token_secret else [])
+
