@@ -195,6 +195,26 @@ def _register(info: dict[str, Any]) -> None:
 
 
 
+def open_store(home: Path | None = None) -> StateStore:
+    """The state store of this gtrain: the local SQLite, or (``GTRAIN_STATE`` / ``state:`` in
+    ``$GTRAIN_HOME/config.yaml``) the shared objects with the SQLite as their cache (``gtrain.sharedstate``)."""
+    from gtrain.sharedstate import remote
+
+    home = Path(home) if home else gtrain_home()
+    shared = remote(home)
+    if shared is None:
+        return StateStore(home)
+    from gtrain.sharedstate.store import SharedStateStore
+
+    return SharedStateStore(shared, home)
+
+
+def _identity() -> str:
+    from gtrain.sharedstate import identity
+
+    return identity()
+
+
 class StateStore:
     def __init__(self, home: Path | None = None) -> None:
         self.home = Path(home) if home else gtrain_home()
@@ -280,6 +300,7 @@ class StateStore:
                        price_per_hour: float = 0.0, extra: dict[str, Any] | None = None) -> Cluster:
         cid = f"{name}-{uuid.uuid4().hex[:8]}"
         now = time.time()
+        extra = {"by": _identity(), **(extra or {})}
         try:
             with self.tx() as c:
                 c.execute(
@@ -414,6 +435,7 @@ class StateStore:
     # ---- jobs ----------------------------------------------------------------------------------
 
     def create_job(self, cluster_id: str, job_id: str, info: dict[str, Any]) -> Job:
+        info = {"by": _identity(), **info}
         _register(info)
         with self.tx() as c:
             c.execute("INSERT INTO jobs(id, cluster_id, status, created_at, info_json) VALUES (?,?,?,?,?)",
