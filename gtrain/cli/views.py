@@ -44,6 +44,9 @@ def show_status(cluster: str | None, json_: bool) -> None:
                       [[jid, x["attempt"], x["kind"], x["lost"], out.fmt_time(x["detected_at"]), f"{x['seconds']:.1f}",
                         out.fmt_usd(x["cost_usd"])] for jid, x in recs])
         out.placement_table(r.get("placement"))
+        if r.get("by"):
+            out.say(f"started by {r['by']}" + "".join(f"; job {j['id']} by {j['by']}" for j in r["jobs"][-1:]
+                                                      if j.get("by") and j["by"] != r["by"]))
         if r.get("recovery"):
             out.say(f"recovery: {r['recovery']}")
         if r["status"] == "stopped":

@@ -20,7 +20,7 @@ import time
 import uuid
 from typing import Any
 
-from gtrain.sync.condput import Conflict, CondStore
+from gtrain.sync.condput import CondStore, Conflict
 
 #: names this process holds a lease on -> the lease
 _HELD: dict[str, Lease] = {}
@@ -63,7 +63,6 @@ class Lease:
                            "expires": expires}).encode()
 
     def take(self, *, break_lock: bool = False) -> None:
-        from gtrain.locks import ClusterBusy
 
         body = self._body(time.time() + self.ttl)
         got = self.remote.get(self.key)

@@ -30,7 +30,7 @@ from typing import Any
 from gtrain import redact
 from gtrain.errors import ConfigError, StateError
 from gtrain.state import Cluster, StateStore
-from gtrain.sync.condput import Conflict, CondStore
+from gtrain.sync.condput import CondStore, Conflict
 
 PULL_EVERY = 1.0
 FORMAT = 1
@@ -86,7 +86,7 @@ class SharedStateStore(StateStore):
             with ThreadPoolExecutor(min(16, len(stale))) as pool:
                 got = list(pool.map(lambda cid: (cid, self.remote.get(f"clusters/{cid}.json")), stale))
             with self._push_lock:
-                for cid, obj in got:
+                for _cid, obj in got:
                     if obj is not None:
                         self._import(json.loads(obj.data), obj.version, hashlib.sha256(obj.data).hexdigest())
         self._pulled_at = time.monotonic()
@@ -159,8 +159,8 @@ class SharedStateStore(StateStore):
                     if theirs is None:
                         version = None
                         continue
-                    holder = holds(doc["cluster"]["name"])
-                    merged = merge(doc, json.loads(theirs.data), ours_win=holder)
+                    name = doc["cluster"]["name"]
+                    merged = merge(doc, json.loads(theirs.data), ours_win=holds(name) or not self._leased(name))
                     data, version = self._encode(merged), theirs.version
                     doc = merged
                     continue
@@ -175,6 +175,11 @@ class SharedStateStore(StateStore):
                 return
             raise StateError(f"shared state: clusters/{cid}.json changed under 20 writes in a row",
                              hint="run the command again")
+
+    def _leased(self, name: str) -> bool:
+        """Whether another gtrain holds the cluster's lease now (then its copy of the cluster wins)."""
+        got = self.remote.get(f"leases/{name}.json")
+        return got is not None and float(json.loads(got.data or b"{}").get("expires", 0)) > time.time()
 
     # ---- names -----------------------------------------------------------------------------------
 

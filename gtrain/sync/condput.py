@@ -50,6 +50,8 @@ class CondStore(Protocol):
 
     def delete(self, key: str) -> None: ...
 
+    def close(self) -> None: ...
+
 
 def _root(url: RemoteURL) -> str:
     return f"{url.prefix}/" if url.prefix else ""
@@ -98,6 +100,9 @@ class S3Cond:
 
     def delete(self, key: str) -> None:
         self.wire.request("DELETE", self.url.bucket, self.root + key, ok=(200, 204, 404))
+
+    def close(self) -> None:
+        self.wire.close()
 
 
 class GCSCond:
@@ -155,6 +160,9 @@ class GCSCond:
         url = self.wire.url(f"/storage/v1/b/{self._b}/o/{self._o(key)}", {})
         self.wire.call("DELETE", url, allow=(404,), consume=lambda r: r.read())
 
+    def close(self) -> None:
+        self.wire.close()
+
 
 class AzureCond:
     def __init__(self, url: RemoteURL) -> None:
@@ -192,6 +200,9 @@ class AzureCond:
 
     def delete(self, key: str) -> None:
         self.wire.request("DELETE", self.url.bucket, self.root + key, ok=(202, 404))
+
+    def close(self) -> None:
+        self.wire.close()
 
 
 def open_store(url: RemoteURL) -> CondStore:
