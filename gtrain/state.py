@@ -297,8 +297,10 @@ class StateStore:
 
     def create_cluster(self, *, name: str, provider: str, num_nodes: int, spec: dict[str, Any],
                        region: str | None = None, instance_type: str | None = None, market: str | None = None,
-                       price_per_hour: float = 0.0, extra: dict[str, Any] | None = None) -> Cluster:
-        cid = f"{name}-{uuid.uuid4().hex[:8]}"
+                       price_per_hour: float = 0.0, extra: dict[str, Any] | None = None,
+                       cluster_id: str | None = None) -> Cluster:
+        """A new cluster record (``cluster_id``: the id its resources' tags carry, for `gtrain attach`)."""
+        cid = cluster_id or f"{name}-{uuid.uuid4().hex[:8]}"
         now = time.time()
         extra = {"by": _identity(), **(extra or {})}
         try:
@@ -478,12 +480,12 @@ class StateStore:
     # ---- cost intervals ------------------------------------------------------------------------
 
     def open_interval(self, cluster_id: str, node_rank: int, *, instance_type: str | None, market: str | None,
-                      price_per_hour: float, started_at: float | None = None) -> int:
+                      price_per_hour: float, started_at: float | None = None, note: str | None = None) -> int:
         with self.tx() as c:
             cur = c.execute(
                 "INSERT INTO cost_intervals(cluster_id, node_rank, instance_type, market, price_per_hour,"
-                " started_at) VALUES (?,?,?,?,?,?)",
-                (cluster_id, node_rank, instance_type, market, price_per_hour, started_at or time.time()),
+                " started_at, note) VALUES (?,?,?,?,?,?,?)",
+                (cluster_id, node_rank, instance_type, market, price_per_hour, started_at or time.time(), _t(note)),
             )
             return int(cur.lastrowid or 0)
 
