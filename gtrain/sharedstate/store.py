@@ -29,6 +29,7 @@ from typing import Any
 
 from gtrain import redact
 from gtrain.errors import ConfigError, StateError
+from gtrain.sharedstate import hostkeys
 from gtrain.state import Cluster, StateStore
 from gtrain.sync.condput import CondStore, Conflict
 
@@ -119,6 +120,7 @@ class SharedStateStore(StateStore):
                 c.execute(f"INSERT INTO jobs(cluster_id, {', '.join(_JOB_COLS)}) VALUES (?,?,?,?,?,?,?)",
                           (cid, *[j.get(k) for k in _JOB_COLS]))
             self._mark_seen(c, cid, version, digest)
+        hostkeys.pin(self.home, doc.get("hostkeys"))
 
     # ---- push ------------------------------------------------------------------------------------
 
@@ -129,8 +131,9 @@ class SharedStateStore(StateStore):
         cl = rows("SELECT * FROM clusters WHERE id=?", _CLUSTER_COLS)
         if not cl:
             raise StateError(f"shared state: no cluster {cid!r} in the local cache")
-        return {"format": FORMAT, "cluster": cl[0],
-                "nodes": rows("SELECT * FROM nodes WHERE cluster_id=? ORDER BY rank", _NODE_COLS),
+        nodes = rows("SELECT * FROM nodes WHERE cluster_id=? ORDER BY rank", _NODE_COLS)
+        return {"format": FORMAT, "cluster": cl[0], "hostkeys": hostkeys.lines_for(self.home, nodes),
+                "nodes": nodes,
                 "jobs": rows("SELECT * FROM jobs WHERE cluster_id=? ORDER BY created_at, id", _JOB_COLS),
                 "resources": rows("SELECT * FROM resources WHERE cluster_id=? ORDER BY id", _RES_COLS),
                 "intervals": rows("SELECT * FROM cost_intervals WHERE cluster_id=? ORDER BY id", _INT_COLS)}
