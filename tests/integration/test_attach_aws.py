@@ -64,24 +64,29 @@ def test_attach_after_the_home_is_gone(moto_server: str, ssh_hosts, tmp_path: Pa
     sshmod.close_all()
     shutil.rmtree(home_a)  # the laptop is gone
     env = {**os.environ, "GTRAIN_HOME": str(tmp_path / "b"), "NO_COLOR": "1"}
+    r = gt(env, "attach", "adopt", str(spec), "--provider", "aws", "--region", "us-east-1", "--json")
+    monkeypatch.setenv("GTRAIN_HOME", str(tmp_path / "b"))  # the rest in this process: one SSH connection a node
     try:
-        r = gt(env, "attach", "adopt", str(spec), "--provider", "aws", "--region", "us-east-1", "--json")
         assert r.returncode == 0, r.stderr
         got = json.loads(r.stdout)
         assert got["id"] == cid and got["num_nodes"] == 2 and got["jobs"] == [job.job_id]
-        st = gt(env, "status", "adopt", "--json")
-        assert st.returncode == 0, st.stderr
-        assert [n["status"] for n in json.loads(st.stdout)["nodes"]] == ["running", "running"]
-        logs = gt(env, "logs", "adopt", "-f")
-        assert logs.returncode == 0, logs.stderr
-        assert "tick 3 of rank 0" in logs.stdout and "tick 3 of rank 1" in logs.stdout
-        pull = gt(env, "pull", "adopt", "--to", str(tmp_path / "ck"))
-        assert pull.returncode == 0, pull.stderr
+        st = gtrain.status("adopt")[0]
+        assert [n["status"] for n in st["nodes"]] == ["running", "running"] and st["id"] == cid
+        lines: list = []  # type: ignore[type-arg]
+        final = gtrain.wait("adopt", on_line=lines.append)
+        assert (final.id, final.status, final.exit_code) == (job.job_id, "succeeded", 0)
+        assert {"tick 3 of rank 0", "tick 3 of rank 1"} <= {ln.text for ln in lines}
+        gtrain.pull("adopt", to=tmp_path / "ck")
         assert sorted(p.name for p in (tmp_path / "ck").rglob("*.txt")) == ["r0.txt", "r1.txt"]
     finally:
-        down = gt(env, "down", "adopt", "--yes")
-    assert down.returncode == 0, down.stderr
-    assert "reconstructed by `gtrain attach`" in down.stdout, down.stdout
-    gc = gt(env, "gc", "--provider", "aws", "--region", "us-east-1", "--json")
-    assert gc.returncode == 0, gc.stderr
-    assert [o for o in json.loads(gc.stdout)["orphans"] if o["cluster_id"] == cid] == []
+        down = gtrain.down("adopt")
+    assert len(down.cost.lines) == 2
+    assert all((ln.note or "").startswith("reconstructed by gtrain attach") and ln.estimate for ln in down.cost.lines)
+    from gtrain.context import Context
+
+    ctx = Context()
+    try:
+        left = ctx.provider("aws").gc(["us-east-1"], set(), False)
+    finally:
+        ctx.store.close()
+    assert [o for o in left.orphans if o.cluster_id == cid] == []
