@@ -353,6 +353,16 @@ class GCPProvider(CloudProvider):
 
     # ---- price ----
 
+    def find_by_name(self, spec: ClusterSpec, regions: list[str]) -> tuple[str, str | None] | None:
+        from gtrain.providers.gcp.adopt import find_by_name
+
+        return find_by_name(self, spec, regions)
+
+    def adopt(self, spec: ClusterSpec, cluster: Cluster, plan: Plan, region: str | None) -> None:
+        from gtrain.providers.gcp.adopt import adopt
+
+        adopt(self, spec, cluster, plan, region)
+
     def price(self, cluster: Cluster, interval: CostInterval) -> IntervalCost:
         node = next((n for n in self.store.node_records(cluster.id) if n.rank == interval.node_rank), None)
         meta: dict[str, Any] = node.extra if node is not None else {}
