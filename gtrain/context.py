@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from gtrain.errors import ClusterNotFound
 from gtrain.events import SILENT, Reporter
-from gtrain.state import Cluster, StateStore, open_store
+from gtrain.sharedstate import open_store
+from gtrain.state import Cluster, StateStore
 
 if TYPE_CHECKING:
     from gtrain.jobs.backend import JobBackend

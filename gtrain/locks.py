@@ -87,11 +87,14 @@ def _take_lease(home: Path, cluster: str, what: str) -> Any:
     store = remote(home)
     if store is None:
         return None
-    from gtrain.sharedstate.lease import Lease
+    from gtrain.sharedstate.lease import Lease, LeaseBusy
 
     global BREAK_LOCK
     lease = Lease(store, cluster, what)
-    lease.take(break_lock=BREAK_LOCK)
+    try:
+        lease.take(break_lock=BREAK_LOCK)
+    except LeaseBusy as e:
+        raise ClusterBusy(e.message, hint=e.hint) from None
     BREAK_LOCK = False
     return lease
 

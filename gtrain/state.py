@@ -195,22 +195,8 @@ def _register(info: dict[str, Any]) -> None:
 
 
 
-def open_store(home: Path | None = None) -> StateStore:
-    """The state store of this gtrain: the local SQLite, or (``GTRAIN_STATE`` / ``state:`` in
-    ``$GTRAIN_HOME/config.yaml``) the shared objects with the SQLite as their cache (``gtrain.sharedstate``)."""
-    from gtrain.sharedstate import remote
-
-    home = Path(home) if home else gtrain_home()
-    shared = remote(home)
-    if shared is None:
-        return StateStore(home)
-    from gtrain.sharedstate.store import SharedStateStore
-
-    return SharedStateStore(shared, home)
-
-
 def _identity() -> str:
-    from gtrain.sharedstate import identity
+    from gtrain.identity import identity
 
     return identity()
 

@@ -36,7 +36,7 @@ def gc(
         if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,62}", r):
             raise ConfigError(f"--region {r!r}: not a {scope} name (lower-case letters, digits and '-')",
                               field="--region", hint="e.g. --region us-east-1 (gcp: a zone, us-central1-a)")
-    from gtrain.state import open_store
+    from gtrain.sharedstate import open_store
 
     store = open_store()
     try:

@@ -12,9 +12,7 @@ Layout under the prefix (docs/state.md):
 
 from __future__ import annotations
 
-import getpass
 import os
-import socket
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,6 +20,7 @@ from typing import TYPE_CHECKING
 from gtrain.errors import ConfigError
 
 if TYPE_CHECKING:
+    from gtrain.state import StateStore
     from gtrain.sync.condput import CondStore
     from gtrain.sync.model import RemoteURL
 
@@ -88,18 +87,20 @@ def remote(home: Path) -> CondStore | None:
         return _STORES[key]
 
 
-def identity() -> str:
-    """Who runs this gtrain: the CI run's URL (GitHub Actions, GitLab CI), else ``user@host``."""
-    env = os.environ
-    if env.get("GITHUB_ACTIONS") == "true" and env.get("GITHUB_RUN_ID"):
-        server = env.get("GITHUB_SERVER_URL", "https://github.com").rstrip("/")
-        return f"{server}/{env.get('GITHUB_REPOSITORY', '?')}/actions/runs/{env['GITHUB_RUN_ID']}"
-    if env.get("GITLAB_CI") == "true" and env.get("CI_JOB_URL"):
-        return env["CI_JOB_URL"]
-    if env.get("GTRAIN_IDENTITY"):
-        return env["GTRAIN_IDENTITY"]
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = str(os.getuid())
-    return f"{user}@{socket.gethostname()}"
+def open_store(home: Path | None = None) -> StateStore:
+    """The state store of this gtrain: the local SQLite, or (``GTRAIN_STATE`` / ``state:`` in
+    ``$GTRAIN_HOME/config.yaml``) the shared objects with the SQLite as their cache."""
+    from gtrain.state import StateStore, gtrain_home
+
+    home = Path(home) if home else gtrain_home()
+    shared = remote(home)
+    if shared is None:
+        return StateStore(home)
+    from gtrain.sharedstate.store import SharedStateStore
+
+    return SharedStateStore(shared, home)
+
+
+from gtrain.identity import identity  # noqa: E402  re-exported
+
+__all__ = ["identity", "open_store", "remote", "state_url"]

@@ -2,7 +2,7 @@
 
 Taken with a create-only write (or, once the holder's expiry has passed, a write on the version read), renewed
 by a daemon thread every third of :func:`ttl` on its own version, given back by writing it expired. Two
-machines that race for it: one write wins, the other gets :class:`gtrain.locks.ClusterBusy` (exit 2) at once.
+machines that race for it: one write wins, the other gets :class:`LeaseBusy` (``ClusterBusy``, exit 2) at once.
 A holder killed with SIGKILL renews nothing, so its lease runs out after the expiry. ``--break-lock`` takes
 it whatever the expiry says (with a warning naming the holder): for a holder known to be gone.
 
@@ -46,7 +46,7 @@ def holds(name: str) -> bool:
 
 class Lease:
     def __init__(self, remote: CondStore, name: str, what: str) -> None:
-        from gtrain.sharedstate import identity
+        from gtrain.identity import identity
 
         self.remote, self.name, self.what = remote, name, what
         self.key = f"leases/{name}.json"
@@ -112,11 +112,17 @@ class Lease:
             pass
 
 
-def _busy(name: str, info: dict[str, Any]) -> Exception:
-    from gtrain.locks import ClusterBusy
+class LeaseBusy(Exception):
+    """Another gtrain holds the lease (``gtrain.locks`` tells it as ``ClusterBusy``, exit 2)."""
 
+    def __init__(self, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.message, self.hint = message, hint
+
+
+def _busy(name: str, info: dict[str, Any]) -> LeaseBusy:
     until = time.strftime("%H:%M:%S", time.localtime(float(info.get("expires", 0) or 0)))
     who = f"{info.get('holder', '?')}, `gtrain {info.get('what', 'a command')}`"
-    return ClusterBusy(f"another gtrain is working on cluster {name!r} ({who}; lease until {until})",
+    return LeaseBusy(f"another gtrain is working on cluster {name!r} ({who}; lease until {until})",
                        hint="wait for it to finish; if that machine is gone, its lease runs out by itself "
                             "(or pass --break-lock)")

@@ -29,7 +29,7 @@ from typing import Any
 
 from gtrain import redact
 from gtrain.errors import ConfigError, StateError
-from gtrain.sharedstate import hostkeys
+from gtrain.sharedstate.hostkeys import lines_for, pin
 from gtrain.state import Cluster, StateStore
 from gtrain.sync.condput import CondStore, Conflict
 
@@ -120,7 +120,7 @@ class SharedStateStore(StateStore):
                 c.execute(f"INSERT INTO jobs(cluster_id, {', '.join(_JOB_COLS)}) VALUES (?,?,?,?,?,?,?)",
                           (cid, *[j.get(k) for k in _JOB_COLS]))
             self._mark_seen(c, cid, version, digest)
-        hostkeys.pin(self.home, doc.get("hostkeys"))
+        pin(self.home, doc.get("hostkeys"))
 
     # ---- push ------------------------------------------------------------------------------------
 
@@ -132,7 +132,7 @@ class SharedStateStore(StateStore):
         if not cl:
             raise StateError(f"shared state: no cluster {cid!r} in the local cache")
         nodes = rows("SELECT * FROM nodes WHERE cluster_id=? ORDER BY rank", _NODE_COLS)
-        return {"format": FORMAT, "cluster": cl[0], "hostkeys": hostkeys.lines_for(self.home, nodes),
+        return {"format": FORMAT, "cluster": cl[0], "hostkeys": lines_for(self.home, nodes),
                 "nodes": nodes,
                 "jobs": rows("SELECT * FROM jobs WHERE cluster_id=? ORDER BY created_at, id", _JOB_COLS),
                 "resources": rows("SELECT * FROM resources WHERE cluster_id=? ORDER BY id", _RES_COLS),

@@ -17,7 +17,8 @@ import time
 
 from gtrain.errors import GtrainError, JobConflict
 from gtrain.locks import cluster_lock
-from gtrain.state import gtrain_home, open_store
+from gtrain.sharedstate import open_store
+from gtrain.state import gtrain_home
 
 
 def main() -> None:

@@ -132,7 +132,7 @@ def test_ci_flow_up_and_launch_on_a_follow_pull_down_on_b(shared: dict[str, Any]
 def test_two_machines_race_up_and_launch(shared: dict[str, Any], tmp_path: Path) -> None:
     """20 trials of `up` of one name and 20 of `launch` on one cluster, A and B at the same instant: exactly one
     wins each, the other is refused (exit 2) at once."""
-    from gtrain.state import open_store
+    from gtrain.sharedstate import open_store
 
     store = open_store(tmp_path / "c")
     store.create_cluster(name="shared", provider="local", num_nodes=1, spec={"name": "shared"})
@@ -210,7 +210,7 @@ def test_killed_holder_frees_its_lease_after_expiry_and_break_lock_warns(
 
 
 def test_status_of_20_clusters_is_fast_and_imports_no_sdk(shared: dict[str, Any], tmp_path: Path) -> None:
-    from gtrain.state import open_store
+    from gtrain.sharedstate import open_store
 
     store = open_store(tmp_path / "a")
     for n in range(20):
