@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from gtrain import redact
 from gtrain.errors import ClusterNotFound, ConfigError, StateError
+from gtrain.identity import identity
 
 if TYPE_CHECKING:
     from gtrain.nodes import NodeRecord
@@ -195,12 +196,6 @@ def _register(info: dict[str, Any]) -> None:
 
 
 
-def _identity() -> str:
-    from gtrain.identity import identity
-
-    return identity()
-
-
 class StateStore:
     def __init__(self, home: Path | None = None) -> None:
         self.home = Path(home) if home else gtrain_home()
@@ -288,7 +283,7 @@ class StateStore:
         """A new cluster record (``cluster_id``: the id its resources' tags carry, for `gtrain attach`)."""
         cid = cluster_id or f"{name}-{uuid.uuid4().hex[:8]}"
         now = time.time()
-        extra = {"by": _identity(), **(extra or {})}
+        extra = {"by": identity(), **(extra or {})}
         try:
             with self.tx() as c:
                 c.execute(
@@ -423,7 +418,7 @@ class StateStore:
     # ---- jobs ----------------------------------------------------------------------------------
 
     def create_job(self, cluster_id: str, job_id: str, info: dict[str, Any]) -> Job:
-        info = {"by": _identity(), **info}
+        info = {"by": identity(), **info}
         _register(info)
         with self.tx() as c:
             c.execute("INSERT INTO jobs(id, cluster_id, status, created_at, info_json) VALUES (?,?,?,?,?)",
