@@ -23,6 +23,7 @@ import json
 import os
 import types
 import urllib.parse
+import uuid
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -128,15 +129,22 @@ class GCSCond:
         return out
 
     def put(self, key: str, data: bytes, *, match: str | None = None, absent: bool = False) -> str:
-        q = {"uploadType": "media", "name": self.root + key}
+        # a multipart upload (metadata + body in one request; fake-gcs-server checks preconditions on this
+        # form only, GCS on every form): https://cloud.google.com/storage/docs/uploading-objects#uploading-an-object
+        q = {"uploadType": "multipart"}
         if absent:
             q["ifGenerationMatch"] = "0"
         elif match is not None:
             q["ifGenerationMatch"] = match
+        boundary = f"gtrain-{uuid.uuid4().hex}"
+        meta = json.dumps({"name": self.root + key, "contentType": "application/json"})
+        body = (f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{meta}\r\n"
+                f"--{boundary}\r\nContent-Type: application/json\r\n\r\n").encode() + data + \
+            f"\r\n--{boundary}--\r\n".encode()
         url = self.wire.url(f"/upload/storage/v1/b/{self._b}/o", q)
         got: dict[str, Any] | None = self.wire.call(
-            "POST", url, body=data, headers={"Content-Type": "application/json"}, allow=(412,),
-            consume=lambda r: None if r.status == 412 else json.loads(r.read()))
+            "POST", url, body=body, headers={"Content-Type": f"multipart/related; boundary={boundary}"},
+            allow=(412,), consume=lambda r: None if r.status == 412 else json.loads(r.read()))
         if got is None:
             raise Conflict(key)
         return str(got["generation"])
