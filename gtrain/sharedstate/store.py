@@ -29,6 +29,7 @@ from typing import Any
 
 from gtrain import redact
 from gtrain.errors import ConfigError, StateError
+from gtrain.sharedstate import runs
 from gtrain.sharedstate.hostkeys import lines_for, pin
 from gtrain.state import Cluster, StateStore
 from gtrain.sync.condput import CondStore, Conflict
@@ -56,6 +57,8 @@ class SharedStateStore(StateStore):
         self.remote = remote
         self._pulled_at = 0.0
         self._push_lock = threading.RLock()
+        self._wrote: set[str] = set()  # clusters this process changed: their run archive goes up at close
+        self._runs_fetched: set[str] = set()
 
     # ---- the cache's bookkeeping (versions in `meta`) -------------------------------------------
 
@@ -154,6 +157,7 @@ class SharedStateStore(StateStore):
             if seen.get("digest") == digest:
                 return
             version = seen.get("version") or None
+            self._wrote.add(cid)
             for _ in range(20):
                 try:
                     new = self.remote.put(f"clusters/{cid}.json", data, match=version, absent=version is None)
@@ -232,7 +236,28 @@ class SharedStateStore(StateStore):
 
     def find_cluster(self, name: str) -> Cluster | None:
         self.pull()
-        return super().find_cluster(name)
+        c = super().find_cluster(name)
+        if c is not None and c.id not in self._runs_fetched:  # `logs`, `plot`, `report` read the archive
+            self._runs_fetched.add(c.id)
+            try:
+                runs.download(self, c.id)
+            except Exception as e:  # noqa: BLE001 - the archive is a convenience: say it, go on
+                import sys
+
+                sys.stderr.write(f"warning: shared state: the run archive of {c.id} was not fetched: {e}\n")
+        return c
+
+    def close(self) -> None:
+        """Send up the run archive of every cluster this process changed, then close the cache."""
+        wrote, self._wrote = self._wrote, set()
+        for cid in sorted(wrote):
+            try:
+                runs.upload(self, cid)
+            except Exception as e:  # noqa: BLE001 - the records are written; the archive is best effort
+                import sys
+
+                sys.stderr.write(f"warning: shared state: the run archive of {cid} was not sent: {e}\n")
+        super().close()
 
     def list_clusters(self, *, include_terminated: bool = False) -> list[Cluster]:
         self.pull()

@@ -116,6 +116,11 @@ def test_ci_flow_up_and_launch_on_a_follow_pull_down_on_b(shared: dict[str, Any]
     # machine A sees it gone; its own cache follows the shared state
     st = gt(a, "status", "ci")
     assert st.returncode == 2 and "was torn down" in st.stderr, st.stderr
+    # the run archive travelled both ways: B had A's `up` and `launch` events, A now has B's `down` and logs
+    runs_a = next((Path(a["GTRAIN_HOME"]) / "runs").iterdir())
+    kinds = [json.loads(ln)["kind"] for ln in (runs_a / "events.jsonl").read_text().splitlines()]
+    assert kinds[:2] == ["up", "launch"] and kinds[-1] == "down", kinds
+    assert "step 7 rank 1" in "".join(p.read_text() for p in runs_a.glob("jobs/*/logs/node-*.log"))
     listed = gt(a, "status", "--json")
     assert json.loads(listed.stdout)["clusters"] == []
     cost = gt(a, "cost", "--json")
@@ -137,8 +142,8 @@ def test_two_machines_race_up_and_launch(shared: dict[str, Any], tmp_path: Path)
     store = open_store(tmp_path / "c")
     store.create_cluster(name="shared", provider="local", num_nodes=1, spec={"name": "shared"})
     store.close()
-    trials, gap = 40, 0.2
-    start = time.time() + 3  # both interpreters are up by then
+    trials, gap = 40, 0.15
+    start = time.time() + 2.5  # both interpreters are up by then
     procs = [subprocess.Popen([sys.executable, str(HERE / "state_racer.py"), str(start), str(trials), str(gap), "0.02"],
                               env={**env, "PYTHONPATH": str(HERE.parent.parent)}, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for env in (shared["a"], shared["b"])]
