@@ -14,13 +14,22 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from gtrain import redact
-from gtrain.sync.condput import Conflict
+from gtrain.sync.condput import CondStore, Conflict
 
-if TYPE_CHECKING:
-    from gtrain.sharedstate.store import SharedStateStore
+
+class SharedStateStore(Protocol):
+    """What of ``gtrain.sharedstate.store.SharedStateStore`` this module uses."""
+
+    home: Path
+    remote: CondStore
+
+    @property
+    def conn(self) -> Any: ...
+
+    def tx(self) -> Any: ...
 
 _MAX = 64 << 20
 
