@@ -24,3 +24,22 @@ def test_a_writer_without_the_lease_keeps_only_its_jobs() -> None:
     m = merge(ours, theirs, ours_win=False)
     assert m["cluster"]["status"] == "terminated"
     assert [(j["id"], j["status"]) for j in m["jobs"]] == [("j1", "failed")]
+
+
+def test_who_ran_it_is_the_ci_run_else_user_at_host(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import getpass
+    import socket
+
+    from gtrain.identity import identity
+
+    for k in ("GITHUB_ACTIONS", "GITLAB_CI", "GTRAIN_IDENTITY"):
+        monkeypatch.delenv(k, raising=False)
+    assert identity() == f"{getpass.getuser()}@{socket.gethostname()}"
+    monkeypatch.setenv("GITLAB_CI", "true")
+    monkeypatch.setenv("CI_JOB_URL", "https://gitlab.example/g/p/-/jobs/7")
+    assert identity() == "https://gitlab.example/g/p/-/jobs/7"
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    monkeypatch.setenv("GITHUB_RUN_ID", "9")
+    monkeypatch.setenv("GITHUB_REPOSITORY", "o/r")
+    monkeypatch.setenv("GITHUB_SERVER_URL", "https://github.com")
+    assert identity() == "https://github.com/o/r/actions/runs/9"
