@@ -25,9 +25,9 @@ HERE = Path(__file__).parent
 SECRET = "tok-9f8e7d6c5b4a"
 JOB = """import os, sys, time
 os.makedirs(os.environ["GTRAIN_CHECKPOINT_DIR"], exist_ok=True)
-for i in range(8):
+for i in range(5):
     print(f"step {i} rank {os.environ['RANK']}", flush=True)
-    time.sleep(0.25)
+    time.sleep(0.2)
 with open(os.path.join(os.environ["GTRAIN_CHECKPOINT_DIR"], f"rank{os.environ['RANK']}.txt"), "w") as f:
     f.write("done")
 """
@@ -105,7 +105,7 @@ def test_ci_flow_up_and_launch_on_a_follow_pull_down_on_b(shared: dict[str, Any]
     assert "started by https://github.com/o/r/actions/runs/42" in st.stdout
     logs = gt(b, "logs", "ci", "-f")
     assert logs.returncode == 0, logs.stderr
-    assert "step 7 rank 0" in logs.stdout and "step 7 rank 1" in logs.stdout
+    assert "step 4 rank 0" in logs.stdout and "step 4 rank 1" in logs.stdout
     dest = tmp_path / "pulled"
     pull = gt(b, "pull", "ci", "--to", str(dest))
     assert pull.returncode == 0, pull.stderr
@@ -120,7 +120,7 @@ def test_ci_flow_up_and_launch_on_a_follow_pull_down_on_b(shared: dict[str, Any]
     runs_a = next((Path(a["GTRAIN_HOME"]) / "runs").iterdir())
     kinds = [json.loads(ln)["kind"] for ln in (runs_a / "events.jsonl").read_text().splitlines()]
     assert kinds[:2] == ["up", "launch"] and kinds[-1] == "down", kinds
-    assert "step 7 rank 1" in "".join(p.read_text() for p in runs_a.glob("jobs/*/logs/node-*.log"))
+    assert "step 4 rank 1" in "".join(p.read_text() for p in runs_a.glob("jobs/*/logs/node-*.log"))
     listed = gt(a, "status", "--json")
     assert json.loads(listed.stdout)["clusters"] == []
     cost = gt(a, "cost", "--json")
