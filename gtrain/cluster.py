@@ -323,10 +323,12 @@ def status(ctx: Context, name: str | None = None, *, refresh: bool = True) -> li
                        "detail": live[n.rank].detail if n.rank in live else ""}
                       for n in ctx.store.nodes(c.id)] if name is not None else None,
             "jobs": [{"id": j.id, "status": j.status, "exit_code": j.exit_code, "created_at": j.created_at,
+                      "by": j.info.get("by"),
                       "ended_at": j.ended_at, "run": j.info.get("run"), "attempt": j.info.get("attempt", 1),
                       "recoveries": j.info.get("recoveries") or [],
                       "tracking": j.info.get("tracking_links") or {}} for j in jobs if j is not None],
             "recovery": _recovery_note(c, job, ctx) if name is not None and c.status == "up" else None,
             "placement": c.extra.get("any_of"),  # resources.any_of: every candidate and why it was passed over
+            "by": c.extra.get("by"),  # who ran `up`: user@host, or the CI run's URL
         })
     return out

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from gtrain.errors import ClusterNotFound
 from gtrain.events import SILENT, Reporter
+from gtrain.sharedstate import open_store
 from gtrain.state import Cluster, StateStore
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ class GuardedReporter(Reporter):
 
 @dataclass
 class Context:
-    store: StateStore = field(default_factory=StateStore)
+    store: StateStore = field(default_factory=open_store)
     report: Reporter = SILENT
     _providers: dict[str, Provider] = field(default_factory=dict)
 

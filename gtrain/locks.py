@@ -3,7 +3,8 @@
 ``up``, ``launch`` and ``down`` of a cluster hold ``$GTRAIN_HOME/locks/<name>.lock`` (``flock``) while they
 change it, so two ``gtrain launch`` cannot both start a job and two ``gtrain up`` cannot both provision. The
 kernel drops the lock when its process dies, so a killed gtrain never leaves a stale lock; the pid and command
-written in the file only make the message exact.
+written in the file only make the message exact. With a shared state (``GTRAIN_STATE``) the lock also takes
+the cluster's lease object there (``gtrain.sharedstate.lease``), so two machines exclude each other too.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from gtrain.errors import JobConflict
 
@@ -60,16 +62,41 @@ def cluster_lock(home: Path, cluster: str, what: str) -> Iterator[None]:
             raise _busy(path, cluster) from None
         os.ftruncate(fd, 0)
         os.write(fd, json.dumps({"pid": os.getpid(), "what": what, "since": time.time()}).encode())
+        lease = _take_lease(home, cluster, what)
         _HELD[str(path)] = (fd, 1)
         try:
             yield
         finally:
             _HELD.pop(str(path), None)
+            if lease is not None:
+                lease.release()
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, 0)
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+#: `--break-lock`: the next lease taken in this process is taken whatever its expiry says
+BREAK_LOCK = False
+
+
+def _take_lease(home: Path, cluster: str, what: str) -> Any:
+    from gtrain.sharedstate import remote
+
+    store = remote(home)
+    if store is None:
+        return None
+    from gtrain.sharedstate.lease import Lease, LeaseBusy
+
+    global BREAK_LOCK
+    lease = Lease(store, cluster, what)
+    try:
+        lease.take(break_lock=BREAK_LOCK)
+    except LeaseBusy as e:
+        raise ClusterBusy(e.message, hint=e.hint) from None
+    BREAK_LOCK = False
+    return lease
 
 
 def _busy(path: Path, cluster: str) -> ClusterBusy:

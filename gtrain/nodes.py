@@ -7,6 +7,8 @@ outside a provider parses the free ``meta`` mapping stored with a node. Provider
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +61,10 @@ class NodeRecord:
             from gtrain.remote.ssh.target import SSHTarget
 
             ssh = SSHTarget(**meta["ssh"])
+            team_key = os.environ.get("GTRAIN_SSH_KEY")
+            if team_key and ssh.identity_file and not os.path.exists(ssh.identity_file):
+                # a record another machine wrote (shared state, `gtrain attach`): its key file is not here
+                ssh = dataclasses.replace(ssh, identity_file=os.path.expanduser(team_key))
         launched = meta.get("launched_at")
         return cls(
             rank=rank, status=status, address=address, instance_id=instance_id, zone=zone, ssh=ssh,

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from gtrain import redact
 from gtrain.errors import ClusterNotFound, ConfigError, StateError
+from gtrain.identity import identity
 
 if TYPE_CHECKING:
     from gtrain.nodes import NodeRecord
@@ -277,9 +278,12 @@ class StateStore:
 
     def create_cluster(self, *, name: str, provider: str, num_nodes: int, spec: dict[str, Any],
                        region: str | None = None, instance_type: str | None = None, market: str | None = None,
-                       price_per_hour: float = 0.0, extra: dict[str, Any] | None = None) -> Cluster:
-        cid = f"{name}-{uuid.uuid4().hex[:8]}"
+                       price_per_hour: float = 0.0, extra: dict[str, Any] | None = None,
+                       cluster_id: str | None = None) -> Cluster:
+        """A new cluster record (``cluster_id``: the id its resources' tags carry, for `gtrain attach`)."""
+        cid = cluster_id or f"{name}-{uuid.uuid4().hex[:8]}"
         now = time.time()
+        extra = {"by": identity(), **(extra or {})}
         try:
             with self.tx() as c:
                 c.execute(
@@ -414,6 +418,7 @@ class StateStore:
     # ---- jobs ----------------------------------------------------------------------------------
 
     def create_job(self, cluster_id: str, job_id: str, info: dict[str, Any]) -> Job:
+        info = {"by": identity(), **info}
         _register(info)
         with self.tx() as c:
             c.execute("INSERT INTO jobs(id, cluster_id, status, created_at, info_json) VALUES (?,?,?,?,?)",
@@ -456,12 +461,12 @@ class StateStore:
     # ---- cost intervals ------------------------------------------------------------------------
 
     def open_interval(self, cluster_id: str, node_rank: int, *, instance_type: str | None, market: str | None,
-                      price_per_hour: float, started_at: float | None = None) -> int:
+                      price_per_hour: float, started_at: float | None = None, note: str | None = None) -> int:
         with self.tx() as c:
             cur = c.execute(
                 "INSERT INTO cost_intervals(cluster_id, node_rank, instance_type, market, price_per_hour,"
-                " started_at) VALUES (?,?,?,?,?,?)",
-                (cluster_id, node_rank, instance_type, market, price_per_hour, started_at or time.time()),
+                " started_at, note) VALUES (?,?,?,?,?,?,?)",
+                (cluster_id, node_rank, instance_type, market, price_per_hour, started_at or time.time(), _t(note)),
             )
             return int(cur.lastrowid or 0)
 

@@ -6,7 +6,7 @@ import typer
 
 from gtrain.cli import output as out
 from gtrain.cli.overrides import ENV, GPUS, NUM_NODES, SPOT, Overrides
-from gtrain.cli.params import CLUSTER, JSON, NAME, SPEC, YES_PAID, confirm, confirm_price
+from gtrain.cli.params import BREAK_LOCK, CLUSTER, JSON, NAME, SPEC, YES_PAID, break_lock, confirm, confirm_price
 
 
 def register(app: typer.Typer) -> None:
@@ -58,9 +58,11 @@ def up(
     num_nodes: int = NUM_NODES,
     gpus: str = GPUS,
     spot: bool = SPOT,
+    break_lock_: bool = BREAK_LOCK,
 ) -> None:
     """Provision the cluster's nodes."""
     out.set_json(json_)
+    break_lock(break_lock_)
     import gtrain.api as api
 
     ov = Overrides(env or [], num_nodes, gpus, spot, name)
@@ -96,9 +98,11 @@ def down(
     no_report: bool = typer.Option(False, "--no-report", help="Don't write the run's HTML report (default: next "
                                    "to its pulled checkpoints, else in the run archive)."),
     json_: bool = JSON,
+    break_lock_: bool = BREAK_LOCK,
 ) -> None:
     """Stop jobs, delete every resource of the cluster, print what it cost."""
     out.set_json(json_)
+    break_lock(break_lock_)
     import sys
 
     import gtrain.api as api

@@ -33,6 +33,8 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
                               "spec, summary."),
     ("cost", "cost_cmds", "What every cluster ever run cost (running ones: so far)."),
     ("catalog", "cost_cmds", "GPU instance offers from the catalog (shipped, or your refreshed copy), cheapest first."),
+    ("attach", "attach_cmds", "Adopt a running cluster by its tags/labels (no state needed): then status, logs, pull, "
+                              "down work here."),
     ("gc", "gc_cmds", "List resources tagged by gtrain that no live cluster in state owns; delete them with --yes."),
     ("ssh", "node_cmds", "Open a shell on a node, or run CMD there: gtrain ssh CLUSTER [SSH-ARGS]... [-- CMD...]."),
     ("exec", "node_cmds", "Run a command on every node (or one): gtrain exec CLUSTER -- CMD ...; exit code = the worst "

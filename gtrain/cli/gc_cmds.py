@@ -36,9 +36,9 @@ def gc(
         if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,62}", r):
             raise ConfigError(f"--region {r!r}: not a {scope} name (lower-case letters, digits and '-')",
                               field="--region", hint="e.g. --region us-east-1 (gcp: a zone, us-central1-a)")
-    from gtrain.state import StateStore
+    from gtrain.sharedstate import open_store
 
-    store = StateStore()
+    store = open_store()
     try:
         live = {c.id for c in store.list_clusters() if c.provider == provider}
         options = {k: v for k, v in (("profile", profile), ("project", project)) if v is not None}

@@ -6,7 +6,19 @@ import typer
 
 from gtrain.cli import output as out
 from gtrain.cli.overrides import ENV, GPUS, NUM_NODES, SPOT, Overrides
-from gtrain.cli.params import CLUSTER, JOB, JSON, NAME, SPEC, YES_PAID, check_dest, confirm_price, non_negative
+from gtrain.cli.params import (
+    BREAK_LOCK,
+    CLUSTER,
+    JOB,
+    JSON,
+    NAME,
+    SPEC,
+    YES_PAID,
+    break_lock,
+    check_dest,
+    confirm_price,
+    non_negative,
+)
 
 REPLACE_BAD = typer.Option(False, "--replace-bad", help="Preflight (policies.preflight, else quick): replace a "
                            "failed cloud node by a new one and check again, once.")
@@ -40,9 +52,11 @@ def launch(
     num_nodes: int = NUM_NODES,
     gpus: str = GPUS,
     spot: bool = SPOT,
+    break_lock_: bool = BREAK_LOCK,
 ) -> None:
     """Sync the workdir, run setup, start job.launcher (default torchrun) on every node, detached; print the job id."""
     out.set_json(json_)
+    break_lock(break_lock_)
     import gtrain.api as api
 
     ov = Overrides(env or [], num_nodes, gpus, spot, name)

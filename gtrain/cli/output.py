@@ -235,6 +235,9 @@ def cost_table(report: Any) -> None:
     table(f"cost of {report.cluster} ({report.provider})",
           ["node", "instance type", "market", "start", "stop", "hours", "$/h", "$"], rows)
     placement_table(getattr(report, "placement", None))
+    rebuilt = [ln.node_rank for ln in report.lines if (ln.note or "").startswith("reconstructed by gtrain attach")]
+    if rebuilt:
+        say(f"node(s) {rebuilt}: intervals reconstructed by `gtrain attach` from the nodes' launch times")
     note = "  (* estimate)" if report.estimate else ""
     say(f"total: {fmt_usd(report.total_usd)} for {report.node_hours:.4f} node-hours{note}")
     if getattr(report, "energy", None) is not None:

@@ -12,6 +12,16 @@ CLUSTER: Any = typer.Argument(..., metavar="CLUSTER", help="Cluster name.", show
 SPEC: Any = typer.Argument(..., metavar="SPEC", help="Path to the YAML spec.", show_default=False)
 NAME: Any = typer.Option(None, "--name", metavar="NAME", help="Cluster name (overrides name: in the spec).")
 JOB: Any = typer.Option(None, "--job", metavar="ID", help="Job id (default: the newest job).")
+BREAK_LOCK: Any = typer.Option(False, "--break-lock", help="Shared state (GTRAIN_STATE): take the cluster's "
+                               "lease even from a live holder (only when that machine is gone).")
+
+
+def break_lock(on: bool) -> None:
+    """`--break-lock`: the next cluster lease this process takes ignores its holder's expiry."""
+    if on:
+        import gtrain.locks as locks
+
+        locks.BREAK_LOCK = True
 
 
 def non_negative(flag: str, value: int | None, least: int = 0) -> None:

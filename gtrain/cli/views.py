@@ -46,6 +46,9 @@ def show_status(cluster: str | None, json_: bool) -> None:
         out.placement_table(r.get("placement"))
         for name, url in sorted(((r["jobs"] or [{}])[-1].get("tracking") or {}).items()):
             out.say(f"{name}: {url}")
+        if r.get("by"):
+            out.say(f"started by {r['by']}" + "".join(f"; job {j['id']} by {j['by']}" for j in r["jobs"][-1:]
+                                                      if j.get("by") and j["by"] != r["by"]))
         if r.get("recovery"):
             out.say(f"recovery: {r['recovery']}")
         if r["status"] == "stopped":

@@ -71,6 +71,10 @@ class CostReport:
         }
 
 
+#: how an interval that `gtrain attach` rebuilt from a node's launch time begins its note
+RECONSTRUCTED = "reconstructed by gtrain attach"
+
+
 def cluster_cost(store: StateStore, cluster: Cluster, provider: Provider, *, persist: bool = False) -> CostReport:
     now = time.time()
     report = CostReport(cluster.name, cluster.id, cluster.provider, cluster.status)
@@ -80,6 +84,8 @@ def cluster_cost(store: StateStore, cluster: Cluster, provider: Provider, *, per
         else:
             priced = provider.price(cluster, iv)
             cost, estimate, note = priced.cost_usd, priced.estimate, priced.note
+            if iv.note and iv.note.startswith(RECONSTRUCTED):  # `gtrain attach` rebuilt it: said, and kept
+                estimate, note = True, "; ".join(x for x in (iv.note, note) if x)
             if persist and iv.stopped_at is not None:
                 store.set_interval_cost(iv.id, cost, estimate=estimate, note=note)
         stop = iv.stopped_at or now

@@ -141,6 +141,9 @@ def launch(cluster: Cluster, spec: ClusterSpec, ctx: Context, *, force: bool = F
             raise
     ctx.store.update_job(plan.job_id, status=JobState.RUNNING.value)
     ctx.event(cluster, "launch", job=plan.job_id, msg=str(plan.info.get("run", "")))
+    from gtrain.attach import write_record
+
+    write_record(ctx, cluster)  # node 0 keeps the cluster's spec and jobs, for a `gtrain attach` elsewhere
     master = str(plan.info.get("master", ""))
     ctx.report.info(f"job {plan.job_id} started on {cluster.num_nodes} node(s), rendezvous {master}")
     return LaunchResult(plan.job_id, cluster.name, JobState.RUNNING.value, master=master, backend=backend.name)

@@ -176,6 +176,18 @@ class Provider(ABC):
         owns. Only providers with a ``gc_scope`` have anything to sweep."""
         raise ConfigError(f"--provider {self.name}: gtrain gc has nothing to sweep there", field="--provider")
 
+    def find_by_name(self, spec: ClusterSpec, regions: list[str]) -> tuple[str, str | None] | None:
+        """``gtrain attach``: (cluster id, region) of the live cluster named ``spec.name``, found by its
+        resources' tags or labels; None when nothing of it runs. Default: this provider cannot attach."""
+        raise ConfigError(f"gtrain attach: provider {self.name} cannot rebuild a cluster from tags",
+                          field="--provider", hint="attach knows aws and gcp; `gtrain gc` lists what tags say")
+
+    def adopt(self, spec: ClusterSpec, cluster: Cluster, plan: Plan, region: str | None) -> None:
+        """``gtrain attach``: record the resources and the nodes (``store.put_node``) of ``cluster``, whose
+        row the core made with the id :meth:`find_by_name` gave, and make the nodes reachable."""
+        raise ConfigError(f"gtrain attach: provider {self.name} cannot rebuild a cluster from tags",
+                          field="--provider")
+
     def quota_check(self, spec: ClusterSpec, plan: Plan) -> str | None:
         """Why the account's quota cannot hold ``plan`` (read-only, before anything is made), or None when it
         can or the provider cannot tell (the default). ``up`` of a ``resources.any_of`` spec skips a candidate

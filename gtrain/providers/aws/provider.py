@@ -377,6 +377,18 @@ class AWSProvider(CloudProvider):
     def wait_reachable(self, cluster: Cluster) -> None:
         self.instances.wait_ssh(cluster, aws_options(cluster.spec.get("aws")))
 
+    # ---- attach ----
+
+    def find_by_name(self, spec: ClusterSpec, regions: list[str]) -> tuple[str, str | None] | None:
+        from gtrain.providers.aws.adopt import find_by_name
+
+        return find_by_name(self, spec, regions or [self.plan(spec).region or "us-east-1"])
+
+    def adopt(self, spec: ClusterSpec, cluster: Cluster, plan: Plan, region: str | None) -> None:
+        from gtrain.providers.aws.adopt import adopt
+
+        adopt(self, spec, cluster, plan, region or plan.region or "us-east-1")
+
     # ---- price ----
 
     def price(self, cluster: Cluster, interval: CostInterval) -> IntervalCost:

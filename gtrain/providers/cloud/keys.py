@@ -29,9 +29,16 @@ def keys_dir() -> Path:
     return d
 
 
+def team_key() -> Path | None:
+    """``GTRAIN_SSH_KEY``: one private key (the team's, a CI secret) for every cluster's nodes instead of a key
+    made per cluster in this home, so that another machine (shared state, ``gtrain attach``) reaches them."""
+    raw = os.environ.get("GTRAIN_SSH_KEY")
+    return Path(raw).expanduser() if raw else None
+
+
 def key_path(cluster_id: str) -> Path:
     """The private key of a cluster's nodes (``.pub`` beside it)."""
-    return keys_dir() / f"{cluster_id}.ed25519"
+    return team_key() or keys_dir() / f"{cluster_id}.ed25519"
 
 
 def generate_key(path: Path) -> str:
@@ -65,11 +72,19 @@ def ensure_key(cluster_id: str) -> str:
     """The cluster's public key line, making the key pair on first use."""
     path = key_path(cluster_id)
     if not path.exists():
+        if team_key() is not None:
+            from gtrain.errors import ConfigError
+
+            raise ConfigError(f"GTRAIN_SSH_KEY {str(path)!r} does not exist", field="GTRAIN_SSH_KEY",
+                              hint="point it at an OpenSSH private key (ssh-keygen -t ed25519 -N '' -f FILE), "
+                                   "or unset it: gtrain makes a key per cluster")
         return generate_key(path)
     return public_key(path)
 
 
 def drop_key(cluster_id: str) -> None:
+    if team_key() is not None:
+        return  # the team's key is not ours to delete
     for p in (key_path(cluster_id), key_path(cluster_id).with_suffix(".pub")):
         with contextlib.suppress(OSError):
             p.unlink()

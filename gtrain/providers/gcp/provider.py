@@ -403,6 +403,16 @@ class GCPProvider(CloudProvider):
 
     # ---- price ----
 
+    def find_by_name(self, spec: ClusterSpec, regions: list[str]) -> tuple[str, str | None] | None:
+        from gtrain.providers.gcp.adopt import find_by_name
+
+        return find_by_name(self, spec, regions)
+
+    def adopt(self, spec: ClusterSpec, cluster: Cluster, plan: Plan, region: str | None) -> None:
+        from gtrain.providers.gcp.adopt import adopt
+
+        adopt(self, spec, cluster, plan, region)
+
     def price(self, cluster: Cluster, interval: CostInterval) -> IntervalCost:
         if self._is_tpu(cluster):
             return self.tpu.price(cluster, interval)
