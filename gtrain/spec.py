@@ -312,10 +312,6 @@ class ClusterSpec(_Model):
         provider_given = isinstance(data, dict) and data.get("provider") is not None
         spec = handler(default_provider(data) if isinstance(data, dict) else data)
         settle(spec, provider_given)
-        if spec.resources.tpu:  # a slice's worker hosts are its nodes
-            from gtrain.providers.tpu.types import settle_nodes
-
-            settle_nodes(spec)
         allowed = candidate_providers(spec) or [spec.provider]
         for name, section in sections.items():
             if name not in allowed:

@@ -107,7 +107,12 @@ def settle(spec: Any, provider_given: bool) -> None:
 
     Rules: a candidate without ``provider`` takes the spec's ``provider:`` (which must then be given); a spec's
     ``provider:`` given next to candidates of other providers is refused (omit it, or name it in every
-    candidate); a section (``aws:``) is allowed for every candidate's provider and for none other."""
+    candidate); a section (``aws:``) is allowed for every candidate's provider and for none other. A TPU
+    slice's ``num_nodes`` is its host count."""
+    if spec.resources.tpu:  # a Cloud TPU slice's worker hosts are its nodes
+        from gtrain.providers.tpu.types import settle_nodes
+
+        settle_nodes(spec)
     cands = spec.resources.any_of or []
     if spec.resources.order is not None and not cands:
         raise ValueError("resources.order is given without resources.any_of; add candidates or drop `order`")
