@@ -6,7 +6,7 @@ job-submission/rest.html, and the state API behind ``ray list nodes/actors``,
 https://docs.ray.io/en/latest/ray-observability/reference/api.html): ``GET /api/version``,
 ``GET /api/v0/nodes``, ``GET /api/v0/actors``, ``PUT /api/packages/gcs/<name>.zip`` (the upload
 ``JobSubmissionClient`` does for a local ``working_dir``), ``POST /api/jobs/``, ``GET /api/jobs/{id}``,
-``GET /api/jobs/{id}/logs``, ``GET /api/jobs/``, ``POST /api/jobs/{id}/stop``."""
+``GET /api/jobs/{id}/logs``, ``GET /api/jobs/``, ``POST /api/jobs/{id}/stop``, ``DELETE /api/jobs/{id}``."""
 
 from __future__ import annotations
 
@@ -119,6 +119,14 @@ class RayAPI:
         except NotFound:
             return ""
         return str((doc or {}).get("logs") or "")
+
+    def delete(self, submission_id: str) -> None:
+        """Forget an ended job (its record, runtime_env included, and its log)."""
+        try:
+            self.request("DELETE", f"/api/jobs/{urllib.parse.quote(submission_id)}",
+                         doing=f"delete job {submission_id}")
+        except (NotFound, ProviderError):
+            pass
 
     def stop(self, submission_id: str) -> bool:
         try:

@@ -38,6 +38,7 @@ from gtrain.providers.ray import states
 from gtrain.providers.ray.api import RayAPI
 
 if TYPE_CHECKING:
+    from gtrain.providers.ray.execjob import RayExec
     from gtrain.providers.ray.provider import RayProvider
     from gtrain.state import Job as JobRecord
 
@@ -58,6 +59,35 @@ class RayBackend(JobBackend):
     @property
     def api(self) -> RayAPI:
         return RayAPI(str((self.cluster.extra.get("ray") or {}).get("address") or ""))
+
+    @property
+    def runners(self) -> list[RayExec]:
+        """Each node's folder for gtrain's checkpoint tool (the probe, a recovery's collect and archive): reached
+        through short Ray jobs (:mod:`gtrain.providers.ray.execjob`)."""
+        from gtrain.providers.ray.execjob import RayExec
+        from gtrain.providers.ray.options import RayOptions
+
+        opts = RayOptions.model_validate(self.cluster.spec.get("ray") or {})
+        env = {str(k): str(v) for k, v in (opts.runtime_env.get("env_vars") or {}).items()}
+        return [RayExec(self.api, self.cluster.id, k, f"{opts.root}/{self.cluster.id}/node-{k}", opts.driver_python,
+                        env) for k in range(self.num_nodes)]
+
+    def submission(self, job: JobRecord) -> str:
+        """The Ray job of the job's current attempt: recorded at submit; a relaunch (attempt N) records it after
+        gtrain's own record of the attempt is written, so it is found by its metadata then."""
+        sid = str(job.info.get("ray_submission") or "")
+        attempt = int(job.info.get("attempt") or 1)
+        if not sid or int(job.info.get("ray_attempt") or 1) == attempt:
+            return sid
+        found: dict[str, str] = self.__dict__.setdefault("_attempts", {})
+        key = f"{job.id}/{attempt}"
+        if key not in found:
+            mine = [rj for rj in self.api.jobs() if (rj.get("metadata") or {}).get("gtrain_job") == job.id
+                    and (rj.get("metadata") or {}).get("gtrain_attempt") == str(attempt)]
+            if not mine:
+                return sid  # not submitted (yet): the last attempt's
+            found[key] = str(max(mine, key=lambda rj: rj.get("start_time") or 0)["submission_id"])
+        return found[key]
 
     def reserve(self, request: JobRequest) -> JobRequest:
         """The rendezvous port: from the job id (any port of bundle 0's node; the job's own processes only)."""
@@ -114,8 +144,8 @@ class RayBackend(JobBackend):
                                             "runtime_env": opts.runtime_env, "env_vars": env_vars,
                                             "entrypoint": f"{opts.driver_python} {DRIVER}"})
 
-    def metadata(self, job_id: str) -> dict[str, str]:
-        return {"gtrain_cluster": self.cluster.id, "gtrain_job": job_id, "gtrain": "1"}
+    def metadata(self, job_id: str, attempt: int = 1) -> dict[str, str]:
+        return {"gtrain_cluster": self.cluster.id, "gtrain_job": job_id, "gtrain": "1", "gtrain_attempt": str(attempt)}
 
     def package(self, plan: JobPlan, submission_id: str) -> tuple[str, bytes]:
         """The working_dir zip (the workdir at its top, ``_gtrain/`` beside it) and its ``_ray_pkg_`` name."""
@@ -159,11 +189,13 @@ class RayBackend(JobBackend):
 
         rep = report or SILENT
         api = self.api
-        sid = plan.job_id
+        attempt = int(plan.info.get("attempt") or 1)
+        sid = base = plan.job_id if attempt == 1 else f"{plan.job_id}-a{attempt}"
         tries = 1
-        while api.job(sid) is not None:  # a relaunch (a new attempt) of the same gtrain job: a new Ray job
+        while api.job(sid) is not None:  # a relaunch begun before (a watcher killed halfway): a new Ray job
             tries += 1
-            sid = f"{plan.job_id}-a{tries}"
+            sid = f"{base}-{tries}"
+        plan.private["driver"]["attempt"] = attempt
         name, data = self.package(plan, sid)
         uri = api.upload_package(name, data)
         job = plan.request.spec.job
@@ -173,11 +205,11 @@ class RayBackend(JobBackend):
         if env_vars:
             runtime_env["env_vars"] = env_vars
         body = {"entrypoint": plan.private["entrypoint"], "submission_id": sid, "runtime_env": runtime_env,
-                "metadata": self.metadata(plan.job_id), "entrypoint_num_cpus": 0}
+                "metadata": self.metadata(plan.job_id, attempt), "entrypoint_num_cpus": 0}
         api.submit(body)
         store = self.provider.store
         store.update_job(plan.job_id, status=JobState.PENDING.value,
-                         info={**store.get_job(plan.job_id).info, "ray_submission": sid,
+                         info={**store.get_job(plan.job_id).info, "ray_submission": sid, "ray_attempt": attempt,
                                "ray_address": api.address})
         rep.info(f"job {plan.job_id} submitted to Ray at {api.address} as {sid} "
                  f"({len(data) // 1024} KiB working_dir)")
@@ -206,7 +238,7 @@ class RayBackend(JobBackend):
     # ---- state -----------------------------------------------------------------------------------
 
     def _read(self, job: JobRecord) -> tuple[dict[str, Any] | None, str]:
-        sid = str(job.info.get("ray_submission") or "")
+        sid = self.submission(job)
         if not sid:
             return None, ""
         cache: dict[str, tuple[dict[str, Any] | None, str]] = self.__dict__.setdefault("_cache", {})
@@ -233,7 +265,7 @@ class RayBackend(JobBackend):
 
     def cancel(self, job: JobRecord, nodes: list[int] | None = None, grace_s: float = 10) -> None:
         """Stop the Ray job (its driver stops every node's part) and wait until none of its actors lives."""
-        sid = str(job.info.get("ray_submission") or "")
+        sid = self.submission(job)
         if sid:
             self.provider.stop_job(self.api, sid, grace_s)
             self.__dict__.get("_cache", {}).pop(sid, None)
