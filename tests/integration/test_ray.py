@@ -180,9 +180,11 @@ def test_a_worker_node_killed_mid_run_recovers_from_the_store_same_weights(
     s = durable_spec(tmp_path, "ray-kill", ray_cluster.address, moto_server, store)
     env = {**os.environ, "GTRAIN_HOME": str(tmp_path / "home"), **store_env()}
     env.pop("RAY_ADDRESS", None)
-    run = subprocess.Popen([sys.executable, "-m", "gtrain", "run", s, "--no-report", "--to", str(tmp_path / "pulled")],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                           stdin=subprocess.DEVNULL)
+    log = tmp_path / "run.log"
+    with open(log, "wb") as f:
+        run = subprocess.Popen([sys.executable, "-m", "gtrain", "run", s, "--no-report", "--to",
+                                str(tmp_path / "pulled")], stdout=f, stderr=subprocess.STDOUT, env=env,
+                               stdin=subprocess.DEVNULL)
     try:
         key, deadline = run_key(Path(s)), time.monotonic() + 150
         while True:
@@ -197,13 +199,15 @@ def test_a_worker_node_killed_mid_run_recovers_from_the_store_same_weights(
                         and Path(f"/proc/{p}/cmdline").exists())
         assert STORE_SECRET.encode() not in argv  # no process of any node has the secret in its argv
         ray_cluster.kill_worker(1)
+        ray_cluster.wait_nodes(2)  # Ray has seen the node die
         ray_cluster.start_worker(1)  # the relaunch waits (pending) until the cluster can place it again
-        out, _ = run.communicate(timeout=240)
+        run.wait(timeout=240)
     finally:
         if run.poll() is None:
             run.kill()
-            run.communicate()
+            run.wait()
         ray_cluster.wait_nodes(3)
+    out = log.read_text()
     assert run.returncode == 0, out[-5000:]
     assert "recovery to attempt 2: node_failure of node(s) [" in out, out[-5000:]
     starts = [ln for ln in out.splitlines() if "attempt 2 start" in ln]
@@ -257,7 +261,8 @@ def test_errors_at_the_edge(ray_cluster: Any, tmp_path: Path) -> None:
     res = cli(tmp_path, "up", spec(tmp_path, "ray-wd", "x.py", ray_cluster.address, runtime_env={"working_dir": "."}))
     assert res.returncode == 2 and "ray.runtime_env" in res.stderr, res.stderr
     s = spec(tmp_path, "ray-env", "slurm_train.py", ray_cluster.address,
-             runtime_env={"pip": ["gtrain-no-such-package-x9"], "config": {"setup_timeout_seconds": 30}})
+             runtime_env={"py_modules": ["gcs://_ray_pkg_gtrain_no_such_module_x9.zip"],
+                          "config": {"setup_timeout_seconds": 30}})
     assert cli(tmp_path, "up", s).returncode == 0
     res = cli(tmp_path, "launch", s)
     assert res.returncode == 2 and "ray.runtime_env: Ray could not build" in res.stderr, res.stdout + res.stderr

@@ -272,31 +272,65 @@ class RayBackend(JobBackend):
 
     # ---- output ----------------------------------------------------------------------------------
 
+    def _mine(self, logs: str, node: int) -> list[LogLine]:
+        """Node ``node``'s lines of the job's log (``[gtrain-log K R] text``), rank-tagged; node 0 also shows the
+        driver's word on the whole job (pending, placed, a node lost, ...)."""
+        mine: list[LogLine] = []
+        for text in logs.splitlines():
+            m = states.LOG_LINE.match(text)
+            if m and int(m.group(1)) == node:
+                mine.append(LogLine(node, None if m.group(2) == "-" else int(m.group(2)), m.group(3)))
+            elif node == 0 and states.DRIVER_SAYS.match(text):
+                mine.append(LogLine(node, None, text))
+        return mine
+
     def log_iter(self, job: JobRecord, node: int, rank: int | None = None, *, follow: bool = False,
                  tail: int | None = None, since: int = 0) -> Iterator[LogLine | NodeEnded]:
-        seen = 0
-        said = ""
-        while True:
-            rj, logs = self._read(job)
-            mine: list[LogLine] = []
-            for text in logs.splitlines():
-                m = states.LOG_LINE.match(text)
-                if m and int(m.group(1)) == node:
-                    r = None if m.group(2) == "-" else int(m.group(2))
-                    mine.append(LogLine(node, r, m.group(3)))
-                elif node == 0 and states.DRIVER_SAYS.match(text):  # the driver's word on the whole job
-                    mine.append(LogLine(node, None, text))
-            if not follow and tail is not None:
-                seen = max(seen, len(mine) - tail)
+        """The node's lines; with ``follow``, read from the Jobs API's log stream (``/logs/tail``, a WebSocket)
+        as they come, until the node's part ends (the whole log read once more then, so none is missed)."""
+        seen = [0]
+
+        def new(mine: list[LogLine]) -> Iterator[LogLine]:
             for i, line in enumerate(mine):
-                if i < seen:
+                if i < seen[0]:
                     continue
-                seen = i + 1
-                if seen <= since or (rank is not None and line.rank != rank):
+                seen[0] = i + 1
+                if seen[0] <= since or (rank is not None and line.rank != rank):
                     continue
                 yield line
-            if not follow:
-                return
+
+        if not follow:
+            mine = self._mine(self._read(job)[1], node)
+            if tail is not None:
+                seen[0] = max(0, len(mine) - tail)
+            yield from new(mine)
+            return
+        said, text, polling = "", "", False
+        stream: Iterator[str | None] | None = None
+        while True:
+            sid = self.submission(job)
+            rj = self.api.job(sid) if sid else None
+            status = (rj or {}).get("status")
+            if stream is None and not polling and rj is not None and status != "PENDING":
+                try:
+                    stream = self.api.tail(sid)
+                except ProviderError:
+                    polling = True  # no stream (a proxy in the way): the whole log, read every 0.5 s
+            over = rj is None or status in _TERMINAL_RAY
+            if stream is not None:
+                for chunk in stream:
+                    if chunk is None:
+                        break
+                    text += chunk
+                else:
+                    over = True  # Ray closes the stream when the job has ended
+                logs = text[:text.rfind("\n") + 1]
+            else:
+                logs = self._read(job)[1]
+            if over:
+                self.__dict__.get("_cache", {}).pop(sid, None)
+                rj, logs = self._read(job)  # the whole log of an ended job: every line, whatever the stream got
+            yield from new(self._mine(logs, node))
             statuses, reason = states.node_statuses(rj, states.parse(logs), self.num_nodes)
             state, _ = aggregate(statuses)
             st = statuses[node]
@@ -307,4 +341,5 @@ class RayBackend(JobBackend):
                 yield NodeEnded(node, st.state if st.state.terminal else state, st.detail or reason,
                                 reason if state is JobState.FAILED else None)
                 return
-            time.sleep(0.5)
+            if stream is None:
+                time.sleep(0.5)

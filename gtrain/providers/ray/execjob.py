@@ -1,7 +1,8 @@
 """One Ray node's command line for gtrain's checkpoint tool (``gtrain.checkpoints.ship``: the write probe at
 launch, the collect and the archive of a recovery): each ``run`` is one short Ray job over the Jobs REST API
 whose entrypoint (:mod:`gtrain.providers.ray.nodeexec`, stdlib only) writes the files ``write_file`` queued,
-runs the command and prints its exit code and output; the Ray job is deleted once read.
+runs the command and prints its exit code and output; the Ray job is deleted once read. A bare ``mkdir -p DIR``
+(a folder for the files that follow) is not a Ray job of its own: the next command's job makes it first.
 
 A Ray cluster offers no shell on its nodes: the Jobs API runs an entrypoint on the head node, so that is where
 these commands run (on a cluster whose nodes share nothing with the head, the probe checks the store from the
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import io
 import json
+import shlex
 import time
 import uuid
 import zipfile
@@ -58,6 +60,7 @@ class RayExec:
         self.driver_python = python
         self.env_vars = env_vars
         self.pending: dict[str, tuple[bytes, int]] = {}
+        self.before: list[str] = []  # `mkdir -p DIR` commands, run first by the next command's Ray job
 
     def write_file(self, remote_path: str, data: bytes, mode: int = 0o644) -> None:
         """Queued: written on the node by the next ``run``, before its command."""
@@ -65,8 +68,14 @@ class RayExec:
 
     def run(self, cmd: str, *, stdin: bytes | None = None, timeout: float | None = None,
             check: bool = True) -> CommandResult:
+        parts = shlex.split(cmd) if cmd.startswith("mkdir -p ") else []
+        if len(parts) == 3 and stdin is None:  # a folder for what follows: made by the next command's Ray job
+            self.before.append(cmd)
+            return CommandResult(0, "", "")
         secrets = _records(stdin) if stdin else {}
         files, self.pending = self.pending, {}
+        cmd = " && ".join([*self.before, cmd]) if self.before else cmd
+        self.before = []
         buf = io.BytesIO()
         with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
             def put(name: str, data: bytes) -> None:
