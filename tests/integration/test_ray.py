@@ -110,9 +110,7 @@ def durable_spec(tmp: Path, name: str, address: str, moto: str, store: str) -> s
                    "root": str(tmp / "nodes")},
            "job": {"workdir": str(work), "run": f"durable_train.py {STEPS} {EVERY} 0.5", "nproc_per_node": 2,
                    "checkpoint_dir": "ckpt", "checkpoint_store": store,
-                   "env": {"OMP_NUM_THREADS": "1", "AWS_ENDPOINT_URL": moto, "AWS_DEFAULT_REGION": "us-east-1",
-                           "GTRAIN_CHECKPOINT_POLL_S": "0.3", "GTRAIN_IMDS_ENDPOINT": "",
-                           "GTRAIN_GCE_METADATA_ENDPOINT": "", "GTRAIN_AZURE_IMDS_ENDPOINT": ""},
+                   "env": {"OMP_NUM_THREADS": "1", "AWS_ENDPOINT_URL": moto, "AWS_DEFAULT_REGION": "us-east-1"},
                    "secrets": ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]},
            "policies": {"recovery": {"max_restarts": 2, "backoff_s": 0}}}
     p = tmp / f"{name}.yaml"

@@ -318,10 +318,13 @@ class RayBackend(JobBackend):
                     polling = True  # no stream (a proxy in the way): the whole log, read every 0.5 s
             over = rj is None or status in _TERMINAL_RAY
             if stream is not None:
-                for chunk in stream:
+                cycle = time.monotonic() + 0.5
+                for chunk in stream:  # what came until the stream idles or half a second passed
                     if chunk is None:
                         break
                     text += chunk
+                    if time.monotonic() > cycle:
+                        break
                 else:
                     over = True  # Ray closes the stream when the job has ended
                 logs = text[:text.rfind("\n") + 1]
