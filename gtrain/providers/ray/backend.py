@@ -67,10 +67,13 @@ class RayBackend(JobBackend):
         from gtrain.providers.ray.execjob import RayExec
         from gtrain.providers.ray.options import RayOptions
 
-        opts = RayOptions.model_validate(self.cluster.spec.get("ray") or {})
-        env = {str(k): str(v) for k, v in (opts.runtime_env.get("env_vars") or {}).items()}
-        return [RayExec(self.api, self.cluster.id, k, f"{opts.root}/{self.cluster.id}/node-{k}", opts.driver_python,
-                        env) for k in range(self.num_nodes)]
+        if "_runners" not in self.__dict__:  # the same ones each time: a queued write_file rides with the next run
+            opts = RayOptions.model_validate(self.cluster.spec.get("ray") or {})
+            env = {str(k): str(v) for k, v in (opts.runtime_env.get("env_vars") or {}).items()}
+            root = f"{opts.root}/{self.cluster.id}"
+            self.__dict__["_runners"] = [RayExec(self.api, self.cluster.id, k, f"{root}/node-{k}", opts.driver_python,
+                                                 env) for k in range(self.num_nodes)]
+        return list(self.__dict__["_runners"])
 
     def submission(self, job: JobRecord) -> str:
         """The Ray job of the job's current attempt: recorded at submit; a relaunch (attempt N) records it after

@@ -63,7 +63,10 @@ class RayExec:
         self.before: list[str] = []  # `mkdir -p DIR` commands, run first by the next command's Ray job
 
     def write_file(self, remote_path: str, data: bytes, mode: int = 0o644) -> None:
-        """Queued: written on the node by the next ``run``, before its command."""
+        """Queued: written on the node by the next ``run``, before its command. A script rendered for the Ray
+        nodes names their Python as a token the driver fills in: the entrypoint's here."""
+        if remote_path.endswith(".sh"):
+            data = data.replace(b"__GTRAIN_RAY_PYTHON__", self.driver_python.encode())
         self.pending[remote_path] = (data, mode)
 
     def run(self, cmd: str, *, stdin: bytes | None = None, timeout: float | None = None,
