@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shlex
 import time
 import uuid
@@ -64,9 +65,11 @@ class RayExec:
 
     def write_file(self, remote_path: str, data: bytes, mode: int = 0o644) -> None:
         """Queued: written on the node by the next ``run``, before its command. A script rendered for the Ray
-        nodes names their Python as a token the driver fills in: the entrypoint's here."""
-        if remote_path.endswith(".sh"):
-            data = data.replace(b"__GTRAIN_RAY_PYTHON__", self.driver_python.encode())
+        nodes names their Python as a token the driver fills in: the entrypoint's here (a token left in would
+        end the tool's ``set -e`` script at its first use)."""
+        if remote_path.endswith(".sh"):  # and the nodes' addresses, known once placed: the tool talks to no peer
+            data = re.sub(rb"__GTRAIN_RAY_IP_\d+__", b"127.0.0.1",
+                          data.replace(b"__GTRAIN_RAY_PYTHON__", self.driver_python.encode()))
         self.pending[remote_path] = (data, mode)
 
     def run(self, cmd: str, *, stdin: bytes | None = None, timeout: float | None = None,
