@@ -100,6 +100,7 @@ class RayBackend(JobBackend):
     # ---- plan and submit -------------------------------------------------------------------------
 
     def dryrun(self, request: JobRequest) -> JobPlan:
+        from gtrain.checkpoints.policy import run_key
         from gtrain.jobs.nodescript import launcher_of
         from gtrain.jobs.render import render_all
         from gtrain.providers.ray.options import PLACEMENTS, parse_options
@@ -122,7 +123,9 @@ class RayBackend(JobBackend):
                 checkpoint_dir=f"{root}/node-{k}/workdir/{job.checkpoint_dir}",
                 python=job.python or "__GTRAIN_RAY_PYTHON__", argv=job.argv, env=dict(job.env),
                 secret_names=list(job.secrets), max_restarts=job.max_restarts, launcher=launcher,
-                launcher_options=options, launcher_notes=notes, checkpoint_store=job.checkpoint_store or "")
+                launcher_options=options, launcher_notes=notes, checkpoint_store=job.checkpoint_store or "",
+                checkpoint_env=job.checkpoint_tuning.to_env() if job.checkpoint_tuning else {},
+                checkpoint_key=run_key(self.cluster.name, job.run_id, job.run, job.checkpoint_dir))
             contexts.append(ctx)
             files[k] = render_all(ctx)
         gpus = spec.resources.gpus_per_node if spec.resources.accelerators else 0
