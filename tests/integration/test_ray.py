@@ -208,7 +208,7 @@ def test_a_worker_node_killed_mid_run_recovers_from_the_store_same_weights(
     out = log.read_text()
     assert run.returncode == 0, out[-5000:]
     assert "recovery to attempt 2: node_failure of node(s) [" in out, out[-5000:]
-    starts = [ln for ln in out.splitlines() if "attempt 2 start" in ln]
+    starts = [ln for ln in out.splitlines() if "] attempt 2 start " in ln]
     # every rank of both nodes resumed from the same checkpoint of the store (written by rank 0's node only)
     resumed = {(ln.split("attempt 2 start ")[1].split()[0], os.path.basename(ln.rstrip("'").split("'")[-1]))
                for ln in starts}
