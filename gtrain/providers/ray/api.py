@@ -21,6 +21,7 @@ import queue
 import socket
 import ssl
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -32,6 +33,8 @@ from gtrain.errors import ConfigError, ProviderError
 #: the oldest Ray whose Jobs REST API and state API gtrain uses as documented
 MIN_VERSION = (2, 9)
 TIMEOUT_S = 15.0
+#: how long a call waits for the head's job agent (Ray: "No available agent to submit job, please try again later")
+AGENT_WAIT_S = 90.0
 
 
 class NotFound(ProviderError):
@@ -47,6 +50,19 @@ class RayAPI:
 
     def request(self, method: str, path: str, body: Any = None, *, raw: bytes | None = None,
                 doing: str = "") -> Any:
+        """One call; while the head's job agent is not up yet (a head just started: Ray answers HTTP 500 "No
+        available agent to submit job, please try again later"), tried again for up to AGENT_WAIT_S."""
+        deadline = time.monotonic() + AGENT_WAIT_S
+        while True:
+            try:
+                return self._request(method, path, body, raw=raw, doing=doing)
+            except ProviderError as e:
+                if "No available agent" not in e.message or time.monotonic() > deadline:
+                    raise
+            time.sleep(1)
+
+    def _request(self, method: str, path: str, body: Any = None, *, raw: bytes | None = None,
+                 doing: str = "") -> Any:
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
         req = urllib.request.Request(self.address + path, data=data, method=method)
         if data is not None:
