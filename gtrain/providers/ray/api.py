@@ -6,14 +6,26 @@ job-submission/rest.html, and the state API behind ``ray list nodes/actors``,
 https://docs.ray.io/en/latest/ray-observability/reference/api.html): ``GET /api/version``,
 ``GET /api/v0/nodes``, ``GET /api/v0/actors``, ``PUT /api/packages/gcs/<name>.zip`` (the upload
 ``JobSubmissionClient`` does for a local ``working_dir``), ``POST /api/jobs/``, ``GET /api/jobs/{id}``,
-``GET /api/jobs/{id}/logs``, ``GET /api/jobs/``, ``POST /api/jobs/{id}/stop``."""
+``GET /api/jobs/{id}/logs``, ``GET /api/jobs/{id}/logs/tail`` (a WebSocket: the log from its start, then each
+new chunk, closed when the job ends; what ``ray job logs -f`` / ``JobSubmissionClient.tail_job_logs`` read,
+https://docs.ray.io/en/latest/cluster/running-applications/job-submission/sdk.html), ``GET /api/jobs/``,
+``POST /api/jobs/{id}/stop``, ``DELETE /api/jobs/{id}``."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
+import os
+import queue
+import socket
+import ssl
+import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 from gtrain.errors import ConfigError, ProviderError
@@ -21,6 +33,8 @@ from gtrain.errors import ConfigError, ProviderError
 #: the oldest Ray whose Jobs REST API and state API gtrain uses as documented
 MIN_VERSION = (2, 9)
 TIMEOUT_S = 15.0
+#: how long a call waits for the head's job agent (Ray: "No available agent to submit job, please try again later")
+AGENT_WAIT_S = 90.0
 
 
 class NotFound(ProviderError):
@@ -36,6 +50,19 @@ class RayAPI:
 
     def request(self, method: str, path: str, body: Any = None, *, raw: bytes | None = None,
                 doing: str = "") -> Any:
+        """One call; while the head's job agent is not up yet (a head just started: Ray answers HTTP 500 "No
+        available agent to submit job, please try again later"), tried again for up to AGENT_WAIT_S."""
+        deadline = time.monotonic() + AGENT_WAIT_S
+        while True:
+            try:
+                return self._request(method, path, body, raw=raw, doing=doing)
+            except ProviderError as e:
+                if "No available agent" not in e.message or time.monotonic() > deadline:
+                    raise
+            time.sleep(1)
+
+    def _request(self, method: str, path: str, body: Any = None, *, raw: bytes | None = None,
+                 doing: str = "") -> Any:
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
         req = urllib.request.Request(self.address + path, data=data, method=method)
         if data is not None:
@@ -119,6 +146,84 @@ class RayAPI:
         except NotFound:
             return ""
         return str((doc or {}).get("logs") or "")
+
+    def delete(self, submission_id: str) -> None:
+        """Forget an ended job (its record, runtime_env included, and its log)."""
+        try:
+            self.request("DELETE", f"/api/jobs/{urllib.parse.quote(submission_id)}",
+                         doing=f"delete job {submission_id}")
+        except (NotFound, ProviderError):
+            pass
+
+    def tail(self, submission_id: str, idle_s: float = 1.0) -> Iterator[str | None]:
+        """The job's log over the Jobs API's WebSocket stream: each text chunk as it comes (the log from its
+        start), None after ``idle_s`` without one (the caller looks at the job then); ends when Ray closes the
+        stream (the job ended). ProviderError when the stream cannot be opened."""
+        u = urllib.parse.urlsplit(self.address)
+        path = f"{u.path.rstrip('/')}/api/jobs/{urllib.parse.quote(submission_id)}/logs/tail"
+        try:
+            sock = socket.create_connection((u.hostname or "", u.port or (443 if u.scheme == "https" else 80)),
+                                            timeout=self.timeout)
+            if u.scheme == "https":
+                sock = ssl.create_default_context().wrap_socket(sock, server_hostname=u.hostname)
+            key = base64.b64encode(os.urandom(16)).decode()
+            sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {u.netloc}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                         f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode())
+            f = sock.makefile("rb")
+            status = f.readline().decode("latin-1")
+            headers = {}
+            while (line := f.readline().decode("latin-1").strip()):
+                name, _, value = line.partition(":")
+                headers[name.strip().lower()] = value.strip()
+        except OSError as e:
+            raise ProviderError(f"ray: follow the log of job {submission_id}: {self.address} does not answer ({e})"
+                                ) from None
+        want = base64.b64encode(hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest())
+        if " 101 " not in status or headers.get("sec-websocket-accept") != want.decode():
+            sock.close()
+            raise ProviderError(f"ray: follow the log of job {submission_id}: no log stream ({status.strip()})")
+        sock.settimeout(None)
+        chunks: queue.Queue[str | None] = queue.Queue()
+
+        def read() -> None:  # RFC 6455 frames from the server (unmasked); a ping is answered, close ends it
+            try:
+                while True:
+                    b1, b2 = f.read(2)
+                    n = b2 & 0x7F
+                    if n >= 126:
+                        n = int.from_bytes(f.read(2 if n == 126 else 8), "big")
+                    data = f.read(n)
+                    op = b1 & 0x0F
+                    if op in (0, 1, 2):
+                        chunks.put(data.decode("utf-8", "replace"))
+                    elif op == 9:  # ping -> pong, masked as a client's frames must be
+                        mask = os.urandom(4)
+                        sock.sendall(bytes([0x8A, 0x80 | len(data)]) + mask
+                                     + bytes(c ^ mask[i % 4] for i, c in enumerate(data)))
+                    elif op == 8:
+                        return
+            except (OSError, ValueError):
+                return
+            finally:
+                chunks.put(None)  # the stream is over
+
+        threading.Thread(target=read, daemon=True, name=f"ray-tail-{submission_id}").start()
+        return self._chunks(chunks, sock, idle_s)
+
+    @staticmethod
+    def _chunks(chunks: queue.Queue[str | None], sock: socket.socket, idle_s: float) -> Iterator[str | None]:
+        try:
+            while True:
+                try:
+                    chunk = chunks.get(timeout=idle_s)
+                except queue.Empty:
+                    yield None
+                    continue
+                if chunk is None:
+                    return
+                yield chunk
+        finally:
+            sock.close()
 
     def stop(self, submission_id: str) -> bool:
         try:

@@ -38,6 +38,7 @@ from gtrain.providers.ray import states
 from gtrain.providers.ray.api import RayAPI
 
 if TYPE_CHECKING:
+    from gtrain.providers.ray.execjob import RayExec
     from gtrain.providers.ray.provider import RayProvider
     from gtrain.state import Job as JobRecord
 
@@ -59,6 +60,38 @@ class RayBackend(JobBackend):
     def api(self) -> RayAPI:
         return RayAPI(str((self.cluster.extra.get("ray") or {}).get("address") or ""))
 
+    @property
+    def runners(self) -> list[RayExec]:
+        """Each node's folder for gtrain's checkpoint tool (the probe, a recovery's collect and archive): reached
+        through short Ray jobs (:mod:`gtrain.providers.ray.execjob`)."""
+        from gtrain.providers.ray.execjob import RayExec
+        from gtrain.providers.ray.options import RayOptions
+
+        if "_runners" not in self.__dict__:  # the same ones each time: a queued write_file rides with the next run
+            opts = RayOptions.model_validate(self.cluster.spec.get("ray") or {})
+            env = {str(k): str(v) for k, v in (opts.runtime_env.get("env_vars") or {}).items()}
+            root = f"{opts.root}/{self.cluster.id}"
+            self.__dict__["_runners"] = [RayExec(self.api, self.cluster.id, k, f"{root}/node-{k}", opts.driver_python,
+                                                 env) for k in range(self.num_nodes)]
+        return list(self.__dict__["_runners"])
+
+    def submission(self, job: JobRecord) -> str:
+        """The Ray job of the job's current attempt: recorded at submit; a relaunch (attempt N) records it after
+        gtrain's own record of the attempt is written, so it is found by its metadata then."""
+        sid = str(job.info.get("ray_submission") or "")
+        attempt = int(job.info.get("attempt") or 1)
+        if not sid or int(job.info.get("ray_attempt") or 1) == attempt:
+            return sid
+        found: dict[str, str] = self.__dict__.setdefault("_attempts", {})
+        key = f"{job.id}/{attempt}"
+        if key not in found:
+            mine = [rj for rj in self.api.jobs() if (rj.get("metadata") or {}).get("gtrain_job") == job.id
+                    and (rj.get("metadata") or {}).get("gtrain_attempt") == str(attempt)]
+            if not mine:
+                return sid  # not submitted (yet): the last attempt's
+            found[key] = str(max(mine, key=lambda rj: rj.get("start_time") or 0)["submission_id"])
+        return found[key]
+
     def reserve(self, request: JobRequest) -> JobRequest:
         """The rendezvous port: from the job id (any port of bundle 0's node; the job's own processes only)."""
         request.master_port = 20000 + zlib.crc32(request.job_id.encode()) % 20000
@@ -67,6 +100,7 @@ class RayBackend(JobBackend):
     # ---- plan and submit -------------------------------------------------------------------------
 
     def dryrun(self, request: JobRequest) -> JobPlan:
+        from gtrain.checkpoints.policy import run_key
         from gtrain.jobs.nodescript import launcher_of
         from gtrain.jobs.render import render_all
         from gtrain.providers.ray.options import PLACEMENTS, parse_options
@@ -89,7 +123,9 @@ class RayBackend(JobBackend):
                 checkpoint_dir=f"{root}/node-{k}/workdir/{job.checkpoint_dir}",
                 python=job.python or "__GTRAIN_RAY_PYTHON__", argv=job.argv, env=dict(job.env),
                 secret_names=list(job.secrets), max_restarts=job.max_restarts, launcher=launcher,
-                launcher_options=options, launcher_notes=notes, checkpoint_store=job.checkpoint_store or "")
+                launcher_options=options, launcher_notes=notes, checkpoint_store=job.checkpoint_store or "",
+                checkpoint_env=job.checkpoint_tuning.to_env() if job.checkpoint_tuning else {},
+                checkpoint_key=run_key(self.cluster.name, job.run_id, job.run, job.checkpoint_dir))
             contexts.append(ctx)
             files[k] = render_all(ctx)
         gpus = spec.resources.gpus_per_node if spec.resources.accelerators else 0
@@ -114,8 +150,8 @@ class RayBackend(JobBackend):
                                             "runtime_env": opts.runtime_env, "env_vars": env_vars,
                                             "entrypoint": f"{opts.driver_python} {DRIVER}"})
 
-    def metadata(self, job_id: str) -> dict[str, str]:
-        return {"gtrain_cluster": self.cluster.id, "gtrain_job": job_id, "gtrain": "1"}
+    def metadata(self, job_id: str, attempt: int = 1) -> dict[str, str]:
+        return {"gtrain_cluster": self.cluster.id, "gtrain_job": job_id, "gtrain": "1", "gtrain_attempt": str(attempt)}
 
     def package(self, plan: JobPlan, submission_id: str) -> tuple[str, bytes]:
         """The working_dir zip (the workdir at its top, ``_gtrain/`` beside it) and its ``_ray_pkg_`` name."""
@@ -159,11 +195,13 @@ class RayBackend(JobBackend):
 
         rep = report or SILENT
         api = self.api
-        sid = plan.job_id
+        attempt = int(plan.info.get("attempt") or 1)
+        sid = base = plan.job_id if attempt == 1 else f"{plan.job_id}-a{attempt}"
         tries = 1
-        while api.job(sid) is not None:  # a relaunch (a new attempt) of the same gtrain job: a new Ray job
+        while api.job(sid) is not None:  # a relaunch begun before (a watcher killed halfway): a new Ray job
             tries += 1
-            sid = f"{plan.job_id}-a{tries}"
+            sid = f"{base}-{tries}"
+        plan.private["driver"]["attempt"] = attempt
         name, data = self.package(plan, sid)
         uri = api.upload_package(name, data)
         job = plan.request.spec.job
@@ -173,11 +211,11 @@ class RayBackend(JobBackend):
         if env_vars:
             runtime_env["env_vars"] = env_vars
         body = {"entrypoint": plan.private["entrypoint"], "submission_id": sid, "runtime_env": runtime_env,
-                "metadata": self.metadata(plan.job_id), "entrypoint_num_cpus": 0}
+                "metadata": self.metadata(plan.job_id, attempt), "entrypoint_num_cpus": 0}
         api.submit(body)
         store = self.provider.store
         store.update_job(plan.job_id, status=JobState.PENDING.value,
-                         info={**store.get_job(plan.job_id).info, "ray_submission": sid,
+                         info={**store.get_job(plan.job_id).info, "ray_submission": sid, "ray_attempt": attempt,
                                "ray_address": api.address})
         rep.info(f"job {plan.job_id} submitted to Ray at {api.address} as {sid} "
                  f"({len(data) // 1024} KiB working_dir)")
@@ -206,7 +244,7 @@ class RayBackend(JobBackend):
     # ---- state -----------------------------------------------------------------------------------
 
     def _read(self, job: JobRecord) -> tuple[dict[str, Any] | None, str]:
-        sid = str(job.info.get("ray_submission") or "")
+        sid = self.submission(job)
         if not sid:
             return None, ""
         cache: dict[str, tuple[dict[str, Any] | None, str]] = self.__dict__.setdefault("_cache", {})
@@ -233,38 +271,75 @@ class RayBackend(JobBackend):
 
     def cancel(self, job: JobRecord, nodes: list[int] | None = None, grace_s: float = 10) -> None:
         """Stop the Ray job (its driver stops every node's part) and wait until none of its actors lives."""
-        sid = str(job.info.get("ray_submission") or "")
+        sid = self.submission(job)
         if sid:
             self.provider.stop_job(self.api, sid, grace_s)
             self.__dict__.get("_cache", {}).pop(sid, None)
 
     # ---- output ----------------------------------------------------------------------------------
 
+    def _mine(self, logs: str, node: int) -> list[LogLine]:
+        """Node ``node``'s lines of the job's log (``[gtrain-log K R] text``), rank-tagged; node 0 also shows the
+        driver's word on the whole job (pending, placed, a node lost, ...)."""
+        mine: list[LogLine] = []
+        for text in logs.splitlines():
+            m = states.LOG_LINE.match(text)
+            if m and int(m.group(1)) == node:
+                mine.append(LogLine(node, None if m.group(2) == "-" else int(m.group(2)), m.group(3)))
+            elif node == 0 and states.DRIVER_SAYS.match(text):
+                mine.append(LogLine(node, None, text))
+        return mine
+
     def log_iter(self, job: JobRecord, node: int, rank: int | None = None, *, follow: bool = False,
                  tail: int | None = None, since: int = 0) -> Iterator[LogLine | NodeEnded]:
-        seen = 0
-        said = ""
-        while True:
-            rj, logs = self._read(job)
-            mine: list[LogLine] = []
-            for text in logs.splitlines():
-                m = states.LOG_LINE.match(text)
-                if m and int(m.group(1)) == node:
-                    r = None if m.group(2) == "-" else int(m.group(2))
-                    mine.append(LogLine(node, r, m.group(3)))
-                elif node == 0 and states.DRIVER_SAYS.match(text):  # the driver's word on the whole job
-                    mine.append(LogLine(node, None, text))
-            if not follow and tail is not None:
-                seen = max(seen, len(mine) - tail)
+        """The node's lines; with ``follow``, read from the Jobs API's log stream (``/logs/tail``, a WebSocket)
+        as they come, until the node's part ends (the whole log read once more then, so none is missed)."""
+        seen = [0]
+
+        def new(mine: list[LogLine]) -> Iterator[LogLine]:
             for i, line in enumerate(mine):
-                if i < seen:
+                if i < seen[0]:
                     continue
-                seen = i + 1
-                if seen <= since or (rank is not None and line.rank != rank):
+                seen[0] = i + 1
+                if seen[0] <= since or (rank is not None and line.rank != rank):
                     continue
                 yield line
-            if not follow:
-                return
+
+        if not follow:
+            mine = self._mine(self._read(job)[1], node)
+            if tail is not None:
+                seen[0] = max(0, len(mine) - tail)
+            yield from new(mine)
+            return
+        said, text, polling = "", "", False
+        stream: Iterator[str | None] | None = None
+        while True:
+            sid = self.submission(job)
+            rj = self.api.job(sid) if sid else None
+            status = (rj or {}).get("status")
+            if stream is None and not polling and rj is not None and status != "PENDING":
+                try:
+                    stream = self.api.tail(sid)
+                except ProviderError:
+                    polling = True  # no stream (a proxy in the way): the whole log, read every 0.5 s
+            over = rj is None or status in _TERMINAL_RAY
+            if stream is not None:
+                cycle = time.monotonic() + 0.5
+                for chunk in stream:  # what came until the stream idles or half a second passed
+                    if chunk is None:
+                        break
+                    text += chunk
+                    if time.monotonic() > cycle:
+                        break
+                else:
+                    over = True  # Ray closes the stream when the job has ended
+                logs = text[:text.rfind("\n") + 1]
+            else:
+                logs = self._read(job)[1]
+            if over:
+                self.__dict__.get("_cache", {}).pop(sid, None)
+                rj, logs = self._read(job)  # the whole log of an ended job: every line, whatever the stream got
+            yield from new(self._mine(logs, node))
             statuses, reason = states.node_statuses(rj, states.parse(logs), self.num_nodes)
             state, _ = aggregate(statuses)
             st = statuses[node]
@@ -275,4 +350,5 @@ class RayBackend(JobBackend):
                 yield NodeEnded(node, st.state if st.state.terminal else state, st.detail or reason,
                                 reason if state is JobState.FAILED else None)
                 return
-            time.sleep(0.5)
+            if stream is None:
+                time.sleep(0.5)

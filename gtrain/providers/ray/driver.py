@@ -65,9 +65,11 @@ class NodePart:
 
     def start(self, ips: list[str]) -> str:
         os.makedirs(self.base, exist_ok=True)
-        if os.path.isdir(self.job_dir):  # an earlier attempt's folder: kept beside the new one
+        if os.path.exists(f"{self.job_dir}/pid"):  # an earlier attempt's folder: kept beside the new one
             os.replace(self.job_dir, f"{self.job_dir}.attempt-{int(time.time() * 1000)}")
         os.makedirs(f"{self.job_dir}/logs", exist_ok=True)
+        with open(f"{self.job_dir}/attempt", "w") as f:  # launch.sh's GTRAIN_ATTEMPT (1, 2, ... across recoveries)
+            f.write(f"{self.plan.get('attempt', 1)}\n")
         shutil.copytree(self.src, f"{self.base}/workdir", dirs_exist_ok=True, symlinks=True,
                         ignore=shutil.ignore_patterns("_gtrain"))
         os.makedirs(f"{self.base}/workdir/{self.plan['checkpoint_dir']}", exist_ok=True)

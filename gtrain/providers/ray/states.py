@@ -73,7 +73,9 @@ def node_statuses(job: dict[str, Any] | None, log: DriverLog, n: int) -> tuple[l
         raw = {"ray_status": status, "ray_node_ip": log.placed.get(k)}
         ranks = log.ranks.get(k, [])
         if k in log.lost:
-            out.append(NodeJobStatus(k, JobState.PREEMPTED, None, f"node lost: {log.lost[k]}", ranks=ranks, raw=raw))
+            # raw "lost": the node's part died with its Ray node: policies.recovery relaunches (node_failure)
+            out.append(NodeJobStatus(k, JobState.PREEMPTED, None, f"node lost: {log.lost[k]}", ranks=ranks,
+                                     raw={**raw, "lost": True}))
         elif k in log.ended:
             word, rc = log.ended[k]
             st = JobState.parse(word)
