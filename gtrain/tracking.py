@@ -44,9 +44,9 @@ def env(job: Job, job_id: str, run_key: str) -> dict[str, str]:
     if t.mlflow is not None:
         out.update({"MLFLOW_TRACKING_URI": t.mlflow.tracking_uri, "MLFLOW_EXPERIMENT_NAME": t.mlflow.experiment,
                     "MLFLOW_RUN_NAME": job_id})
-    if t.tensorboard:  # the ranks' working directory is the workdir; the archive keeps this folder
-        out["GTRAIN_TENSORBOARD_DIR"] = "tensorboard"
-        out["TENSORBOARD_LOGDIR"] = "tensorboard"
+    if t.tensorboard_dir:  # the ranks' working directory is the workdir; the archive keeps this folder
+        out["GTRAIN_TENSORBOARD_DIR"] = t.tensorboard_dir
+        out["TENSORBOARD_LOGDIR"] = t.tensorboard_dir
     forward = [n for n, on in (("mlflow", t.mlflow is not None), ("wandb", t.wandb is not None)) if on]
     if t.forward_metrics and forward:
         out["GTRAIN_METRICS_FORWARD"] = ",".join(forward)

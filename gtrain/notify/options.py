@@ -123,9 +123,24 @@ class Tracking(_Block):
     forward_metrics: bool = Field(False, description="`gtrain.metrics.log` on rank 0 also logs to the "
                                   "configured trackers (MLflow's REST API; `wandb.log` when the script started a "
                                   "W&B run)")
-    tensorboard: bool = Field(False, description="`GTRAIN_TENSORBOARD_DIR` / `TENSORBOARD_LOGDIR` = "
-                              "`tensorboard` (in the workdir) on every rank; the event files written there are "
-                              "kept in the run archive and read by `gtrain report`")
+    tensorboard: bool | str = Field(False, description="`true` or a folder (relative to the workdir, or absolute; "
+                                    "`true` = `tensorboard`): `GTRAIN_TENSORBOARD_DIR` / `TENSORBOARD_LOGDIR` on "
+                                    "every rank; the event files written there are kept in the run archive and read "
+                                    "by `gtrain report`")
+
+    @field_validator("tensorboard")
+    @classmethod
+    def _tb(cls, v: bool | str) -> bool | str:
+        if isinstance(v, str) and (not v.strip() or any(c in v for c in "\0\n\r")):
+            raise ValueError(f"{v!r}: give true, or the folder your SummaryWriter writes (relative to the workdir)")
+        return v
+
+    @property
+    def tensorboard_dir(self) -> str | None:
+        """The folder the ranks' SummaryWriter writes (None: not asked for)."""
+        if self.tensorboard is True:
+            return "tensorboard"
+        return self.tensorboard.strip() if isinstance(self.tensorboard, str) else None
 
     def secrets(self) -> list[str]:
         out = [self.wandb.api_key_secret] if self.wandb else []

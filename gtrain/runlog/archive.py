@@ -6,7 +6,7 @@
     runs/<cluster-id>/jobs/<job-id>/logs/node-K.log every line of node K: "TAG<TAB>TEXT" (TAG: global rank, or -)
     runs/<cluster-id>/jobs/<job-id>/metrics/rank-R.jsonl     what rank R logged (gtrain.metrics / JSON lines)
     runs/<cluster-id>/jobs/<job-id>/telemetry/node-K.jsonl   GPU samples {"t","gpu","util","mem_used","mem_total"}
-    runs/<cluster-id>/jobs/<job-id>/tensorboard/node-K/...   TensorBoard event files (job.env GTRAIN_TENSORBOARD_DIR)
+    runs/<cluster-id>/jobs/<job-id>/tensorboard/node-K/...   TensorBoard event files (job.tracking.tensorboard)
     runs/<cluster-id>/jobs/<job-id>/.cache/                  parsed metric columns (rebuilt when missing)
 
 Bounded: the last :data:`MAX_LOG_LINES` lines of each log file, metric/telemetry/event files up to
@@ -44,7 +44,6 @@ if TYPE_CHECKING:
 MAX_LOG_LINES = 200_000
 MAX_FILE_BYTES = 64 * 2**20
 DEFAULT_MAX_MB = 2048
-TB_ENV = "GTRAIN_TENSORBOARD_DIR"
 TB_DEFAULT = "tensorboard"
 
 
@@ -130,10 +129,9 @@ def _remote_files(runner: Runner, jdir: str, tb_dir: str | None) -> list[tuple[i
 
 def _tb_dir(cluster: Cluster, runner: Runner) -> str | None:
     job = cluster.spec.get("job") or {}
-    env = job.get("env") or {}
-    rel = env.get(TB_ENV) if isinstance(env, dict) else None
-    if not rel and isinstance(job.get("tracking"), dict) and job["tracking"].get("tensorboard"):
-        rel = TB_DEFAULT  # job.tracking.tensorboard: gtrain set GTRAIN_TENSORBOARD_DIR to it (gtrain.tracking)
+    tb = job["tracking"].get("tensorboard") if isinstance(job.get("tracking"), dict) else None
+    # job.tracking.tensorboard: true or a folder; gtrain set GTRAIN_TENSORBOARD_DIR to it (gtrain.tracking)
+    rel = TB_DEFAULT if tb is True else (tb.strip() if isinstance(tb, str) else None)
     if not rel:
         return None
     rel = str(rel)

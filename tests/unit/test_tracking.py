@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gtrain import tracking
 from gtrain.spec import parse_spec
 
@@ -64,3 +66,16 @@ def test_tensorboard_dir_set_and_kept_by_the_archive() -> None:
     cluster = SimpleNamespace(spec={"job": {"run": "t.py", "tracking": {"tensorboard": True}}})
     assert _tb_dir(cluster, SimpleNamespace(root="/n")) == "/n/workdir/tensorboard"  # type: ignore[arg-type]
     assert _tb_dir(SimpleNamespace(spec={"job": {"run": "t.py"}}), SimpleNamespace(root="/n")) is None  # type: ignore[arg-type]
+    # a folder of the user's own (job.env cannot carry GTRAIN_* names, so this is the way to name one)
+    job = _job(tensorboard="runs/tb")
+    assert tracking.env(job, "j", "c/r")["TENSORBOARD_LOGDIR"] == "runs/tb"
+    cluster = SimpleNamespace(spec={"job": {"run": "t.py", "tracking": {"tensorboard": "/abs/tb"}}})
+    assert _tb_dir(cluster, SimpleNamespace(root="/n")) == "/abs/tb"  # type: ignore[arg-type]
+
+
+def test_a_blank_tensorboard_folder_is_refused_naming_the_field() -> None:
+    from gtrain.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        parse_spec({"name": "t", "job": {"run": "t.py", "tracking": {"tensorboard": "  "}}})
+    assert "job.tracking.tensorboard" in str(e.value)
