@@ -36,7 +36,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
                           stdin=subprocess.DEVNULL, env={**os.environ, "NO_COLOR": "1"}, check=False)
 
 
-def write_spec(tmp_path: Path, name: str, provider: str, section: dict[str, Any]) -> Path:
+def write_spec(tmp_path: Path, name: str, provider: str, section: dict[str, Any], **top: Any) -> Path:
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
     (work / "probe.py").write_text((JOBS / "probe.py").read_text())
@@ -47,7 +47,7 @@ def write_spec(tmp_path: Path, name: str, provider: str, section: dict[str, Any]
                       "disk_gb": 50},
         provider: section,
         "job": {"workdir": str(work), "run": "probe.py", "nproc_per_node": 1, "checkpoint_dir": "ckpt",
-                "python": sys.executable, "env": {"OMP_NUM_THREADS": "1"}},
+                "python": sys.executable, "env": {"OMP_NUM_THREADS": "1"}}, **top,
     }))
     return spec
 
@@ -110,9 +110,11 @@ def test_stop_and_start_an_aws_cluster(moto_server: str, ssh_hosts, tmp_path: Pa
     sshmod.close_all()
     relay_dir = tmp_path / "relay"
     hosts = relay_hosts(ssh_hosts, relay_dir)
+    fired = tmp_path / "lifetime-fired"  # what the nodes run to end themselves (EC2: power off = terminate)
     spec = write_spec(tmp_path, "aws-stop", "aws", {
         "ssh_user": hosts[0].user, "ssh_proxy_command": f"{sys.executable} {RELAY} aws {relay_dir} %h",
-        "host_key_wait_s": 0, "ssh_timeout_s": 60, "poll_s": 0.2})
+        "host_key_wait_s": 0, "ssh_timeout_s": 60, "poll_s": 0.2, "idle_command": ["touch", str(fired)]},
+        policies={"max_hours": 1})
     res = gtrain.up(spec)
     assert res.cluster is not None
     cid = res.cluster.id
@@ -124,11 +126,30 @@ def test_stop_and_start_an_aws_cluster(moto_server: str, ssh_hosts, tmp_path: Pa
                for i in r["Instances"]}
         return [got[i] for i in ids]
 
+    def lifetime_watches() -> dict[int, int]:
+        """pid -> the seconds each started node sleeps before it runs the command (its lifetime left)."""
+        out = {}
+        for d in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                argv = Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if argv[:2] == [b"sh", b"-c"] and str(fired).encode() in argv[2]:
+                out[int(d)] = int(argv[2].split()[1])
+        return out
+
     try:
         stop_start_cycle("aws-stop", spec, 0.08, states)
         now = [n.instance_id for n in sorted(gtrain.api._ctx(None).store.node_records(cid), key=lambda n: n.rank)]
         assert now == ids  # the same instances, started again: nothing replaced
+        # the time limit the nodes set at first boot is re-armed at `start`, for what is left of the hour they
+        # may run (the time they ran before the stop counts; the stopped time does not)
+        watches = lifetime_watches()
+        assert len(watches) == 2 and all(3600 - 900 < s < 3600 for s in watches.values()), watches
+        assert not fired.exists()
     finally:
+        for pid in lifetime_watches():
+            os.kill(pid, 9)
         down = gtrain.down("aws-stop", yes=True)
     assert not down.already_down
     live = ec2.describe_instances(Filters=[{"Name": f"tag:{TAG_CLUSTER}", "Values": [cid]},

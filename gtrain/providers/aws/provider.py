@@ -53,6 +53,7 @@ class _Target:
 class AWSProvider(CloudProvider):
     name = "aws"
     gc_scope: ClassVar[str | None] = "region"
+    rearms_lifetime: ClassVar[bool] = True  # shutdown_user_data runs at first boot only
 
     def __init__(self, store: StateStore, report: Reporter = SILENT, *, session: Any = None,
                  client_config: Any = None, max_workers: int = 32) -> None:

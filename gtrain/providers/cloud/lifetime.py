@@ -99,3 +99,47 @@ def ended_by_limit(provider: Provider, cluster: Cluster) -> dict[int, float]:
     for rank in sorted(out):
         provider.report.info(f"node {rank} had already ended ({gone[rank]}); billed up to its time limit at most")
     return out
+
+
+def running_s(provider: Provider, cluster: Cluster, rank: int, now: float) -> float:
+    """How long node ``rank`` has run (and billed compute) so far: its cost intervals, the stopped ones left out."""
+    from gtrain.stopstart import STOPPED_MARKET
+
+    return sum((i.stopped_at or now) - i.started_at for i in provider.store.intervals(cluster.id)
+               if i.node_rank == rank and i.market != STOPPED_MARKET)
+
+
+def time_left_s(provider: Provider, cluster: Cluster, ranks: list[int]) -> dict[int, int]:
+    """Before ``gtrain start``: what is left of each node's lifetime, counting only the time it ran (a stopped
+    node bills its disk only). Empty without a time or cost limit; :class:`BudgetSpent` when a node has less
+    than a minute left (it would end itself at once: nothing is started)."""
+    import time
+
+    life = cluster_lifetime_s(cluster)
+    if life is None:
+        return {}
+    now = time.time()
+    left = {r: int(life - running_s(provider, cluster, r, now)) for r in ranks}
+    spent = sorted(r for r, s in left.items() if s < 60)
+    if spent:
+        raise BudgetSpent(f"policies: node(s) {spent} of {cluster.name} have run their {life / 3600:.2f} h "
+                          "(max_hours / max_cost_usd): starting them would end them at once; nothing was started",
+                          hint=f"`gtrain down {cluster.name}` deletes the cluster (its checkpoints: `gtrain pull` "
+                               "needs running nodes, so raise the limit in the spec and `gtrain up --recreate`)")
+    return left
+
+
+def rearm(runners: dict[int, Any], left: dict[int, int], command: list[str], report: Any) -> None:
+    """After ``gtrain start`` on a cloud whose nodes schedule their end at first boot only (EC2's cloud-init
+    user data): each started node runs ``command`` (the section's ``idle_command``: power off, which on EC2
+    terminates) once what is left of its lifetime has passed, detached, so it holds with no laptop."""
+    import shlex
+
+    for rank, r in sorted(runners.items()):
+        if rank not in left:
+            continue
+        line = f"sleep {left[rank]} && exec {' '.join(map(shlex.quote, command))}"
+        r.start_detached(f"sh -c {shlex.quote(line)}" + ' >>"$HOME/.gtrain-lifetime.log" 2>&1')
+    if left:
+        report.info(f"time limit re-armed on {len(left)} node(s): each ends itself after what is left of its "
+                    f"lifetime ({min(left.values()) / 3600:.2f} h at the least; policies.max_hours / max_cost_usd)")

@@ -36,7 +36,8 @@ class CloudOptions(BaseModel):
     ssh_timeout_s: float = Field(900, gt=0)
     poll_s: float = Field(2.0, gt=0, le=60)
     idle_command: list[str] = Field(default_factory=lambda: list(IDLE_COMMAND), min_length=1,
-                                    description="what a node runs once policies.idle_minutes is up")
+                                    description="what a node runs to power itself off: once policies.idle_minutes "
+                                    "is up, and (aws) once what is left of its time limit after `gtrain start`")
 
     @field_validator("ssh_cidr")
     @classmethod

@@ -33,6 +33,8 @@ class CloudProvider(Provider):
     confirms_cost: ClassVar[bool] = True
     can_replace_nodes: ClassVar[bool] = True
     can_stop: ClassVar[bool] = True
+    #: the nodes schedule their time limit at first boot only (EC2 user data): `gtrain start` re-arms it
+    rearms_lifetime: ClassVar[bool] = False
 
     def __init__(self, store: StateStore, report: Reporter = SILENT, *, max_workers: int = 32) -> None:
         super().__init__(store, report)
@@ -140,6 +142,7 @@ class CloudProvider(Provider):
 
     def start_nodes(self, cluster: Cluster, ranks: list[int] | None = None) -> list[int]:
         from gtrain.providers.cloud.idle import idle_watch
+        from gtrain.providers.cloud.lifetime import rearm, time_left_s
         from gtrain.providers.cloud.ssh_access import write_ssh_config
         from gtrain.spec import parse_spec
 
@@ -148,6 +151,8 @@ class CloudProvider(Provider):
         todo = [n for n in nodes if state.get(n.rank) == "stopped"]
         if not todo:
             return []
+        # a node that schedules its end at first boot only (rearms_lifetime) gets what is left of its lifetime
+        left = time_left_s(self, cluster, [n.rank for n in todo]) if self.rearms_lifetime else {}
         self.report.info(f"starting {len(todo)} node(s) of {cluster.name}: "
                          + ", ".join(n.instance_id or "?" for n in todo))
         for n in todo:  # a node that stopped on its own (the idle watch): since when, for the cost report
@@ -168,5 +173,12 @@ class CloudProvider(Provider):
         runners = [r for n, r in zip(self.store.node_records(cluster.id), self.runners(cluster), strict=True)
                    if n.rank in started]
         idle_watch(spec, opts, runners, self.report, self.max_workers)
+        if left and opts.wait_ssh:
+            by_rank = {n.rank: r for n, r in zip(self.store.node_records(cluster.id), self.runners(cluster),
+                                                 strict=True) if n.rank in started}
+            rearm(by_rank, left, opts.idle_command, self.report)
+        elif left:
+            self.report.warn(f"{spec.provider}.wait_ssh is false: the started nodes' time limit "
+                             "(policies.max_hours / max_cost_usd) is not re-armed")
         return sorted(started)
 
