@@ -173,7 +173,7 @@ def test_recovery_collects_what_a_survivor_finished_before_it_restores(moto_serv
     assert not errors, errors
     text = [x.text for x in lines]
     assert res.status == "succeeded" and len(res.recoveries) == 1, (res, text[-30:])
-    assert "step-2.pt" in _complete(store, key)
+    assert "step-2.pt" in _complete(store, key), [x for x in text if "collect" in x or "node" in x][-30:]
     resumed = sorted(x for x in text if x.startswith("attempt 2 "))
     assert resumed == ["attempt 2 rank 0 resume step-2.pt", "attempt 2 rank 1 resume step-2.pt"], text[-30:]
 
