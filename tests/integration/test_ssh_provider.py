@@ -91,7 +91,8 @@ def test_two_hosts_train_pull_exec_and_down(ssh_hosts, tmp_path: Path, gtrain_ho
     d = gtrain.down("lab")
     assert not d.already_down
     for h in hosts:
-        assert not (h.home / "gtrain" / "lab").exists()  # gtrain's files gone; the machine stays
+        left = sorted(str(p.relative_to(h.home)) for p in (h.home / "gtrain" / "lab").rglob("*"))
+        assert not (h.home / "gtrain" / "lab").exists(), left  # gtrain's files gone; the machine stays
     assert "Host lab-0" not in (gtrain_home / "ssh" / "config").read_text()
 
 

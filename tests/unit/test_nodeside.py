@@ -162,6 +162,7 @@ def test_remove_tree_removes_only_what_gtrain_made(tmp_path: Path, monkeypatch: 
     (root / "workdir" / "sub").mkdir(parents=True)
     (root / "jobs").mkdir()
     (root / "gtrain-ckpt.pyz").write_text("x")
+    (root / "gtrain-record.json").write_text("{}")  # what `launch` leaves on node 0 for `gtrain attach`
     (root / nodeside.ROOT_MARKER).write_text("c\n")
     (root / "important").mkdir()
     (root / "important" / "thesis.txt").write_text("years")
