@@ -7,6 +7,10 @@ set -uo pipefail
 JOB=/shared/gtrain/sl/jobs/job-1
 export GTRAIN_JOB_DIR="$JOB"
 export GTRAIN_PREEMPT_FILE="$JOB/preempt"
+rm -f "$GTRAIN_PREEMPT_FILE"
+# --signal (default B:USR1@120): the time limit is near. The ranks learn it from $GTRAIN_PREEMPT_FILE. Set first
+# thing: Slurm may send the notice early (up to a minute before the time asked), before the lines below have run.
+trap 'date +%s.%N > "$GTRAIN_PREEMPT_FILE"; echo "[gtrain] time-limit signal: wrote $GTRAIN_PREEMPT_FILE"' USR1
 export GTRAIN_SLURM_JOB_ID="$SLURM_JOB_ID"
 addr_of() { scontrol show node "$1" 2>/dev/null | tr ' ' '\n' | sed -n 's/^NodeAddr=//p' | head -n1; }
 hosts=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
@@ -15,9 +19,6 @@ GTRAIN_HEAD_ADDR=$(addr_of "$head"); export GTRAIN_HEAD_ADDR="${GTRAIN_HEAD_ADDR
 ips=""; for h in $hosts; do a=$(addr_of "$h"); ips="${ips:+$ips,}${a:-$h}"; done
 export GTRAIN_NODE_IPS_RT="$ips"
 export GTRAIN_RDZV_PORT="${GTRAIN_RDZV_PORT:-$(( 20000 + SLURM_JOB_ID % 20000 ))}"  # slurm.hold: one per launch
-rm -f "$GTRAIN_PREEMPT_FILE"
-# --signal (default B:USR1@120): the time limit is near. The ranks learn it from $GTRAIN_PREEMPT_FILE.
-trap 'date +%s.%N > "$GTRAIN_PREEMPT_FILE"; echo "[gtrain] time-limit signal: wrote $GTRAIN_PREEMPT_FILE"' USR1
 echo "[gtrain] slurm job $SLURM_JOB_ID (run ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST, rendezvous $GTRAIN_HEAD_ADDR:$GTRAIN_RDZV_PORT"
 # job.image: enroot (node.sh runs setup and the launcher in the image)
 mkdir -p /shared/gtrain/sl/jobs/job-1/enroot && printf '%s\n' 'machine nvcr.io login $oauthtoken password $NGC_API_KEY' > /shared/gtrain/sl/jobs/job-1/enroot/.credentials  # the secret's NAME: enroot substitutes it
