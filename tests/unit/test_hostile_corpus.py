@@ -198,7 +198,7 @@ def yaml_cases() -> list[Case]:
         ("huge", B + "x: '" + "a" * (1 << 20) + "'\n", "SPEC"), ("key-list", "[a]: 1\nname: demo\n", "SPEC"),
         ("key-null", "~: 1\nname: demo\n", "None"), ("key-int", "1: 1\nname: demo\n", "1"),
         ("merge-bad", "name: demo\nx:\n  <<: 5\n", "SPEC"),
-        ("many-unknown", B + "".join(f"k{i}: 1\n" for i in range(4_000)), "more problem"),
+        ("many-unknown", B + "".join(f"k{i}: 1\n" for i in range(2_000)), "more problem"),
         ("many-keys", B + "".join(f"k{i}: 1\n" for i in range(24_000)), "more than 5,000 keys"),
         ("many-secrets", B + "job:\n  run: t.py\n  secrets: [" + ", ".join(f"S{i}" for i in range(4_500))
          + ", S1]\n", "job.secrets"),
