@@ -16,13 +16,16 @@ closed and unchanged for ``GTRAIN_CHECKPOINT_SETTLE_S``, default 10 s) and the i
 ``Preempt`` scheduled event; endpoints ``GTRAIN_IMDS_ENDPOINT`` / ``GTRAIN_GCE_METADATA_ENDPOINT`` /
 ``GTRAIN_AZURE_IMDS_ENDPOINT``): on a notice each rank process that
 handles SIGUSR1 gets one. SIGTERM (a cancel) makes it upload what is complete and exit. ``flush`` is the
-final pass after the launcher ended (RC 0: every closed file counts as complete).
+final pass after the launcher ended (RC 0: every closed file counts as complete; any other RC, and a recovery's
+collect after the stop, first wait out the settle time of the folders written last, at most
+``GTRAIN_CHECKPOINT_SETTLE_S``: the ranks are gone, so those are uploaded rather than left behind).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -157,6 +160,23 @@ class Uploader:
         if signature(self.root, [name]) != sig or os.path.realpath(self.root / name) in held:
             return None
         return snap
+
+    def settle(self) -> float:
+        """Wait until the step folders not yet uploaded have been unchanged for the settle time (at most that
+        long), for the flush after a stop: the ranks are gone, so what they wrote last is as whole as it will
+        get; skipping it as "still being written" would leave the newest checkpoint behind (issue 27).
+        Returns the seconds waited."""
+        newest = 0.0
+        for name, files in entries(self.root).items():
+            try:
+                if files != [name] and self.done.get(name) != signature(self.root, files):
+                    newest = max(newest, *((self.root / f).stat().st_mtime for f in files))
+            except OSError:
+                continue
+        wait = min(self.settle_s, newest + self.settle_s - time.time())
+        if wait > 0:
+            time.sleep(wait)
+        return max(0.0, wait)
 
     def one_pass(self, *, final: bool = False) -> int:
         n = 0
@@ -312,8 +332,8 @@ def cmd_restore(store: Store, node: int, root: Path, job_dir: Path) -> dict[str,
         for c in store.conflicts:
             print(f"gtrain-ckpt: restore conflict: {c}", file=sys.stderr, flush=True)
         for name in doc["set_aside"]:  # type: ignore[attr-defined]
-            print(f"[gtrain ckpt] {name}: not complete on every node, set aside in {PARTIAL}/ (newer than "
-                  f"{ckpt.name}, restored)", file=sys.stderr, flush=True)
+            print(f"[gtrain ckpt] {name}: not whole in the store (a node's part never reached it), set aside in "
+                  f"{PARTIAL}/ (newer than {ckpt.name}, restored)", file=sys.stderr, flush=True)
     if skipped:
         doc["skipped"] = [{"name": n, "why": w} for n, w in skipped]
     doc["seconds"] = round(time.monotonic() - t0, 3)
@@ -324,9 +344,17 @@ def cmd_restore(store: Store, node: int, root: Path, job_dir: Path) -> dict[str,
 PARTIAL = ".gtrain-partial"  # under checkpoint_dir: hidden, so neither a trainer nor the uploader takes it
 
 
+def _series(name: str) -> tuple[str, int] | None:
+    """A step folder's series and number: ``checkpoint-12`` -> ("checkpoint-", 12), ``global_step4`` ->
+    ("global_step", 4); None for a name that ends in no number."""
+    m = re.fullmatch(r"(.*?)(\d+)", name)
+    return (m.group(1), int(m.group(2))) if m else None
+
+
 def set_aside_partial(store: Store, root: Path, restored: str) -> list[str]:
     """Move the step folders of this node that the store holds only in part (a node slower to write had not
-    written its part) and that are newer than the checkpoint restored into ``root/.gtrain-partial/``: a
+    written its part) or not at all (a newer step of the restored one's series whose upload never happened)
+    and that are newer than the checkpoint restored into ``root/.gtrain-partial/``: a
     trainer that resumes from the highest-numbered folder (Hugging Face's ``get_last_checkpoint``) then finds
     the one restored, never a partial one. Nothing is deleted. Returns their names."""
     try:
@@ -334,23 +362,29 @@ def set_aside_partial(store: Store, root: Path, restored: str) -> list[str]:
     except (OSError, ValueError):
         return []
     out = []
-    for c in store.listing:
-        path = root / c.name
-        if c.complete or c.name == restored or not path.is_dir() or path.is_symlink():
+    # beside what the store holds in part: a newer step of the same series the store does not hold at all (the
+    # node wrote it, its upload never happened): a trainer taking the highest number would resume from it
+    series = _series(restored)
+    listed = {c.name for c in store.listing}
+    unstored = [n for n in entries(root) if n not in listed and series is not None
+                and (k := _series(n)) is not None and k[0] == series[0] and k[1] > series[1]]
+    for name in [*(c.name for c in store.listing if not c.complete), *unstored]:
+        path = root / name
+        if name == restored or not path.is_dir() or path.is_symlink():
             continue
-        files = entries(root).get(c.name) or []
+        files = entries(root).get(name) or []
         try:
             if not files or max(os.stat(root / f).st_mtime for f in files) <= since:
                 continue
-            dest = root / PARTIAL / f"{c.name}-{int(time.time())}"
+            dest = root / PARTIAL / f"{name}-{int(time.time())}"
             dest.parent.mkdir(exist_ok=True)
             os.replace(path, dest)
-            marker = root / f"{c.name}{DONE_SUFFIX}"
+            marker = root / f"{name}{DONE_SUFFIX}"
             if marker.exists():
                 os.replace(marker, dest.with_name(dest.name + DONE_SUFFIX))
         except OSError:
             continue
-        out.append(c.name)
+        out.append(name)
     return out
 
 
@@ -384,7 +418,10 @@ def main(argv: list[str] | None = None) -> int:
         elif cmd == "agent":
             cmd_agent(store, job_id, node, Path(args[4]), Path(args[5]), int(args[6]))
         elif cmd == "flush":
-            n = Uploader(store, node, Path(args[4]), Path(args[5]), int(args[6])).one_pass(final=args[7] == "0")
+            up = Uploader(store, node, Path(args[4]), Path(args[5]), int(args[6]))
+            if args[7] != "0":  # stopped or failed: what was written last is waited for, not left behind
+                up.settle()
+            n = up.one_pass(final=args[7] == "0")
             _say(f"final flush: {n} checkpoint(s) uploaded")
             print(json.dumps({"uploaded": n}))
         store.close()

@@ -10,6 +10,7 @@ import os
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 from gtrain.checkpoints.node import PARTIAL, Uploader, cmd_restore
 from gtrain.checkpoints.ship import pull_from_store
@@ -113,4 +114,48 @@ def test_restore_takes_the_newest_whole_step_and_the_pointer_names_it(moto_serve
     fresh.mkdir()
     doc = cmd_restore(store, 1, fresh, jobs / "1")
     assert doc["name"] == "global_step4" and (fresh / "latest").read_text() == "global_step4"
+    store.close()
+
+
+def test_the_flush_after_a_stop_takes_what_was_written_last_and_an_unstored_newer_step_is_set_aside(
+        moto_server: str, tmp_path: Path, monkeypatch: Any) -> None:
+    """Hugging Face's ``checkpoint-N/`` folders, per-rank files. The ranks are stopped a moment after both nodes
+    wrote checkpoint-4 (the uploaders had not yet seen it settle): the flush after the stop waits the settle
+    time out and uploads it, where it used to skip it as "still being written" and the run went back to
+    checkpoint-2. And a node holding a newer step the store never got (checkpoint-6: its upload never
+    happened) sets it aside at restore, so a trainer taking the highest number resumes from what was restored."""
+    from gtrain.checkpoints.node import main as tool
+
+    url = bucket(moto_server, "steps-flush")
+    monkeypatch.setenv("GTRAIN_CHECKPOINT_SETTLE_S", "1.5")
+    roots = [tmp_path / "n0", tmp_path / "n1"]
+    jobs = [tmp_path / "j0", tmp_path / "j1"]
+    t = time.time() - 100
+    for node, root in enumerate(roots):
+        jobs[node].mkdir()
+        _write(root, f"checkpoint-2/rng_state_{node}.pth", f"rank {node} at 2", t)
+        if node == 0:
+            _write(root, "checkpoint-2/model.bin", "weights at 2", t)
+        assert tool(["flush", url, "c/run-3", str(node), str(root), str(jobs[node]), "1", "0"]) == 0
+    now = time.time()
+    for node, root in enumerate(roots):
+        _write(root, f"checkpoint-4/rng_state_{node}.pth", f"rank {node} at 4", now)
+        if node == 0:
+            _write(root, "checkpoint-4/model.bin", "weights at 4", now)
+    t0 = time.monotonic()
+    for node, root in enumerate(roots):  # the stopped job's flush (RC 143), as a recovery's collect runs it
+        assert tool(["flush", url, "c/run-3", str(node), str(root), str(jobs[node]), "1", "143"]) == 0
+    assert time.monotonic() - t0 < 5  # the settle time waited out once, not skipped, not more
+    store = Store(url, "c/run-3")
+    assert [(c.name, c.complete) for c in store.checkpoints()] == [("checkpoint-2", True), ("checkpoint-4", True)]
+    _write(roots[1], "checkpoint-6/rng_state_1.pth", "rank 1 at 6", time.time() + 1)  # never uploaded
+    fresh = [tmp_path / "r0", roots[1]]
+    for node, root in enumerate(fresh):
+        doc = cmd_restore(store, node, root, jobs[node])
+        assert doc["name"] == "checkpoint-4", doc
+        newest = max(int(p.name.split("-")[1]) for p in root.glob("checkpoint-*"))  # transformers' rule
+        assert newest == 4, sorted(p.name for p in root.iterdir())
+    assert doc["set_aside"] == ["checkpoint-6"]
+    (kept,) = (roots[1] / PARTIAL).glob("checkpoint-6-*")
+    assert (kept / "rng_state_1.pth").read_text() == "rank 1 at 6"
     store.close()
