@@ -419,9 +419,11 @@ def main(argv: list[str] | None = None) -> int:
             cmd_agent(store, job_id, node, Path(args[4]), Path(args[5]), int(args[6]))
         elif cmd == "flush":
             up = Uploader(store, node, Path(args[4]), Path(args[5]), int(args[6]))
-            if args[7] != "0":  # stopped or failed: what was written last is waited for, not left behind
-                up.settle()
             n = up.one_pass(final=args[7] == "0")
+            # stopped or failed: what was written last is waited for (after what had settled went up, in case
+            # the wait is cut short), not left behind
+            if args[7] != "0" and up.settle() > 0:
+                n += up.one_pass()
             _say(f"final flush: {n} checkpoint(s) uploaded")
             print(json.dumps({"uploaded": n}))
         store.close()
