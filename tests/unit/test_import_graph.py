@@ -149,3 +149,18 @@ def test_no_file_over_500_lines() -> None:
     long = {str(p.relative_to(ROOT.parent)): n for p in ROOT.rglob("*.py")
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert long == {}
+
+
+#: what shared code (gtrain outside gtrain/providers/) may import of the providers: the seam, nothing behind it
+PROVIDER_SEAM = {"gtrain.providers", "gtrain.providers.base", "gtrain.providers.registry"}
+
+
+def test_shared_code_imports_no_provider() -> None:
+    """Shared modules reach a provider's code only through the seam (base, registry, ``provider_class``): a TPU
+    type is read through ``registry.accelerator_shape``, a provider's price list through ``CATALOG_REFRESH``."""
+    leaks = {mod: sorted(t for t in targets if t.startswith("gtrain.providers.") and t not in PROVIDER_SEAM)
+             for mod, targets in import_graph(typing=True).items()
+             if mod != "gtrain.providers" and not mod.startswith("gtrain.providers.")}
+    assert {m: t for m, t in leaks.items() if t} == {}
+    g = import_graph(typing=True)  # the check reads what it means to: a provider importing another is not shared
+    assert "gtrain.providers.gcp.api" in g["gtrain.providers.tpu.slices"]
