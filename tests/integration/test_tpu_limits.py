@@ -124,3 +124,54 @@ def test_worker_0_deletes_the_slice_itself_when_a_limit_fires(reachable: FakeTPU
             os.kill(pid, 9)
         gtrain.down("tpu-limits", yes=True)
     assert reachable.of_cluster(cid) == {"node": [], "queuedResource": []}
+
+
+def test_the_self_delete_of_a_queued_slice(fake_tpu: FakeTPU, tmp_path: Path) -> None:
+    """The script as worker 0 runs it (python3, stdlib only), on a queued slice: the metadata server's token on
+    both DELETEs, the queued resource first with force=true (its node goes with it), the node's 404 taken as
+    done; a metadata server that refuses is retried, not a delete without a token."""
+    import subprocess
+    import urllib.request
+
+    from gtrain.providers.tpu import selfdelete
+    from gtrain.providers.tpu.limits import SCRIPT
+
+    meta = ThreadingHTTPServer(("127.0.0.1", 0), _Metadata)
+    threading.Thread(target=meta.serve_forever, daemon=True).start()
+    parent = "projects/gtrain-test/locations/us-central2-b"
+    body = {"tpu": {"nodeSpec": [{"parent": parent, "nodeId": "selfdel-q", "node": {
+        "acceleratorType": "v4-8", "runtimeVersion": "tpu-ubuntu2204-base", "labels": {"gtrain-cluster": "selfdel-q"},
+        "networkConfig": {"network": "global/networks/default"},
+        "metadata": {"ssh-keys": "gtrain:ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAISelfDelete gtrain"}}}]}, "guaranteed": {}}
+    req = urllib.request.Request(f"{fake_tpu.endpoint}/v2/{parent}/queuedResources?queuedResourceId=selfdel-q",
+                                 data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(req, timeout=10).close()
+    deadline = time.monotonic() + 10
+    while not fake_tpu.of_cluster("selfdel-q")["node"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert fake_tpu.of_cluster("selfdel-q")["node"], "the fake made no node for the queued resource"
+    before = len(fake_tpu.deletes)
+    _Metadata.asked = []
+    try:
+        r = subprocess.run([sys.executable, "-I", str(SCRIPT), fake_tpu.endpoint + "/",
+                            f"http://127.0.0.1:{meta.server_address[1]}", f"{parent}/nodes/selfdel-q",
+                            f"{parent}/queuedResources/selfdel-q"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        sent = fake_tpu.deletes[before:]
+        assert sent == [(f"/v2/{parent}/queuedResources/selfdel-q", f"Bearer {TOKEN}"),
+                        (f"/v2/{parent}/nodes/selfdel-q", f"Bearer {TOKEN}")], sent
+        assert "already gone" in r.stdout or "deleting" in r.stdout, r.stdout
+        deadline = time.monotonic() + 10
+        while fake_tpu.of_cluster("selfdel-q") != {"node": [], "queuedResource": []} and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert fake_tpu.of_cluster("selfdel-q") == {"node": [], "queuedResource": []}
+        # the wrong metadata path (no token there): retried, never a DELETE without one
+        selfdelete.RETRY_S = 0
+        assert selfdelete.main([fake_tpu.endpoint, f"http://127.0.0.1:{meta.server_address[1]}/nope",
+                                f"{parent}/nodes/x", "-"]) == 1
+        assert len(fake_tpu.deletes) == before + 2
+    finally:
+        selfdelete.RETRY_S = 600
+        meta.shutdown()
+        meta.server_close()

@@ -64,3 +64,15 @@ def test_candidates_are_priced_side_by_side_per_chip_hour(tmp_path: Path, gtrain
                        timeout=120, stdin=subprocess.DEVNULL)
     assert r.returncode == 2 and "num_nodes: 3" in r.stderr and "any_of[0].accelerators" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_broken_user_copy_of_the_types_names_the_file(gtrain_home: Path) -> None:
+    """A hand-edited `$GTRAIN_HOME/catalog/tpu.csv` that does not parse: exit 2 naming it and the way back."""
+    bad = gtrain_home / "catalog" / "tpu.csv"
+    bad.parent.mkdir(parents=True, exist_ok=True)
+    bad.write_text("# snapshot: 2026-01-01\naccelerator_type,generation\nv5p-32,v5p\n")
+    with pytest.raises(ConfigError) as e:
+        parse_spec({"name": "x", "provider": "gcp", "resources": {"accelerators": "tpu-v5p-32"}})
+    assert str(bad) in e.value.message and "delete it" in (e.value.hint or "")
+    bad.unlink()
+    assert parse_spec({"name": "x", "provider": "gcp", "resources": {"accelerators": "tpu-v5p-32"}}).num_nodes == 4

@@ -93,7 +93,15 @@ def text() -> str:
 
 
 def tpu_types() -> dict[str, TPUType]:
-    return _parse(text())
+    body = text()
+    try:
+        return _parse(body)
+    except (KeyError, ValueError, TypeError) as e:  # only a user copy can be malformed: the shipped file is tested
+        from gtrain.errors import ConfigError
+
+        raise ConfigError(f"{user_copy()}: not a Cloud TPU types catalog ({type(e).__name__}: {e})",
+                          hint="fix it, or delete it to fall back to the types shipped with gtrain "
+                               "(`gtrain catalog --refresh` writes a new one)", field="GTRAIN_HOME") from None
 
 
 @lru_cache(maxsize=4)
