@@ -104,7 +104,7 @@ def refresh(providers: Iterable[str] | None = None, *, today: str | None = None,
     bases = {p: _base_url(p) for p in names}
     auth = _gcp_auth() if "gcp" in names else None
     texts: list[tuple[RefreshResult, str]] = []
-    riders: list[tuple[RefreshResult, str, str]] = []
+    riders: list[tuple[RefreshResult, str, str | None]] = []
     for p in names:
         t0 = time.perf_counter()
         if p == "aws":
@@ -125,7 +125,8 @@ def refresh(providers: Iterable[str] | None = None, *, today: str | None = None,
     for result, text in texts:
         _write_atomic(result.provider, text)
     for rider, path, rtext in riders:
-        _write_atomic(rider.provider, rtext, path)
+        if rtext is not None:  # None: nothing of that list was found; what is in use stays
+            _write_atomic(rider.provider, rtext, path)
     return [r for r, _ in texts] + [r for r, _, _ in riders]
 
 

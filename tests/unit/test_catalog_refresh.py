@@ -251,3 +251,17 @@ def test_refresh_reprices_the_tpu_types_from_their_skus(env: str, gtrain_home: P
     listed = json.loads(gtrain("catalog", "--tpu", "--json").stdout)
     assert listed["snapshot"] == day
     assert {t["name"]: t["price_spot_per_hour"] for t in listed["tpu_types"]}["tpu-v5p-32"] == pytest.approx(24.0)
+
+
+def test_no_tpu_sku_recognised_keeps_the_types_and_writes_nothing(gtrain_home: Path) -> None:
+    """Should Google rename its TPU SKUs, the TPU types in use stay (no dated copy of unchanged prices), every
+    type is listed as kept, and nothing fails: gcp's GPU prices are refreshed all the same."""
+    from gtrain.providers.tpu.prices import generation, refresh_catalog
+
+    result, path, text = refresh_catalog(lambda service: [{"description": "Unrelated SKU", "category": {
+        "usageType": "OnDemand", "resourceGroup": "TPU"}}], "2026-12-03")
+    assert text is None and result.repriced == 0 and "tpu-v5p-32" in result.kept and "unchanged" in result.source
+    assert not Path(path).exists()
+    assert [generation(d) for d in ("TPU v5p chip-hour", "Tpu-v4 Pod", "TPU v5 Lite PodSlice", "TpuV6e",
+                                    "Trillium chip-hour", "N1 Predefined Instance Core")] == \
+        ["v5p", "v4", "v5e", "v6e", "v6e", None]

@@ -98,18 +98,22 @@ def reprice(text: str, got: dict[tuple[str, str, str], float], day: str) -> tupl
     return buf.getvalue(), len(rows) - len(kept), kept
 
 
-def refresh_catalog(skus_of: Callable[[str], Iterable[dict[str, Any]]], day: str) -> tuple[Any, str, str]:
+def refresh_catalog(skus_of: Callable[[str], Iterable[dict[str, Any]]], day: str) -> tuple[Any, str, str | None]:
     """The hook ``gtrain catalog --refresh`` calls with gcp's: (RefreshResult, where to write, the new text),
-    re-pricing the shipped types (``types.CSV``, not an older user copy)."""
-    from gtrain.catalog.refresh import RefreshResult, _bad
+    re-pricing the shipped types (``types.CSV``, not an older user copy). No TPU SKU recognised at all (Google
+    renamed them?): nothing to write (None), the types in use stay, and the result says so -- the GPU prices
+    are refreshed all the same."""
+    from gtrain.catalog.refresh import RefreshResult
 
     got: dict[tuple[str, str, str], float] = {}
     for service in SERVICES:
         got.update(rates(skus_of(service)))
     text, repriced, kept = reprice(types.CSV.read_text(), got, day)
-    if not repriced:
-        raise _bad("gcp", "no TPU chip-hour SKU for any Cloud TPU type gtrain lists")
     path = types.user_copy()
+    if not repriced:
+        return (RefreshResult("tpu", "", types.snapshot(), len(kept), 0, kept,
+                              source="the Cloud Billing Catalog: no TPU chip-hour SKU recognised; TPU types "
+                                     "unchanged"), str(path), None)
     types.check_text(text, str(path))
     return (RefreshResult("tpu", str(path), day, repriced + len(kept), repriced, kept,
                           source="the Cloud Billing Catalog (TPU SKUs)"), str(path), text)
