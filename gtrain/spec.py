@@ -2,8 +2,7 @@
 
 Every validation failure becomes one :class:`~gtrain.errors.ConfigError` line that names the field path,
 the bad value and the fix. Relative paths in a spec file (``job.workdir``) are resolved against the
-directory of the spec file, so ``gtrain run examples/quickstart/spec.yaml`` works from anywhere.
-"""
+directory of the spec file, so ``gtrain run examples/quickstart/spec.yaml`` works from anywhere."""
 
 from __future__ import annotations
 
@@ -375,8 +374,9 @@ class ClusterSpec(_Model):
     def to_yaml_dict(self) -> dict[str, Any]:
         out = self.model_dump(mode="json", exclude_none=True, exclude={"base_dir"})
         out.update(to_jsonable_python(self._sections))
-        if self.resources.any_of:  # every candidate names its provider: the top-level one is theirs
-            out.pop("provider", None)
+        if self.resources.any_of:  # every candidate names its provider (and, not given, its own num_nodes)
+            drop = {"provider"} | ({"num_nodes"} - self.model_fields_set)
+            out = {k: v for k, v in out.items() if k not in drop}
         return out
 
 

@@ -39,10 +39,10 @@ def check_accelerators(v: str | None) -> str | None:
     """``GPU:COUNT`` (COUNT 1..16, default 1), a lower-case name upper-cased."""
     if v is None:
         return v
-    if v.strip().lower().startswith("tpu-"):  # a Cloud TPU slice: type and size (docs/providers/tpu.md)
-        from gtrain.providers.tpu.types import lookup
+    from gtrain.providers.registry import accelerator_family, accelerator_shape
 
-        return lookup(v).name
+    if accelerator_family(v):  # a Cloud TPU slice, `tpu-v5p-32`: its provider's type (docs/providers/tpu.md)
+        return accelerator_shape(v).name
     m = ACCEL_RE.match(v)
     if not m:
         raise ValueError("must look like GPU:COUNT, e.g. A100:8 or H100:1")
@@ -108,12 +108,12 @@ def settle(spec: Any, provider_given: bool) -> None:
     Rules: a candidate without ``provider`` takes the spec's ``provider:`` (which must then be given); a spec's
     ``provider:`` given next to candidates of other providers is refused (omit it, or name it in every
     candidate); a section (``aws:``) is allowed for every candidate's provider and for none other. A TPU
-    slice's ``num_nodes`` is its host count."""
-    if spec.resources.tpu:  # a Cloud TPU slice's worker hosts are its nodes
-        from gtrain.providers.tpu.types import settle_nodes
-
-        settle_nodes(spec)
+    slice's ``num_nodes`` is its host count (:func:`settle_nodes`)."""
+    given = "num_nodes" in spec.model_fields_set
     cands = spec.resources.any_of or []
+    settle_nodes(spec, "resources.accelerators", spec.resources.accelerators, given)
+    for i, c in enumerate(cands):
+        settle_nodes(spec, f"resources.any_of[{i}].accelerators", c.accelerators, given, candidate=True)
     if spec.resources.order is not None and not cands:
         raise ValueError("resources.order is given without resources.any_of; add candidates or drop `order`")
     if not cands:
@@ -127,6 +127,25 @@ def settle(spec: Any, provider_given: bool) -> None:
         elif provider_given and c.provider != spec.provider:
             raise ValueError(f"resources.any_of[{i}].provider: {c.provider!r} disagrees with provider "
                              f"{spec.provider!r}; omit the top-level `provider:` when candidates name several")
+
+
+def settle_nodes(spec: Any, field: str, accelerators: str | None, given: bool, candidate: bool = False) -> None:
+    """A slice's worker hosts are its nodes (an accelerator family's shape, read through the registry): taken
+    from the type when ``num_nodes`` is not given (a candidate's plain spec takes them in
+    ``placement.candidate_specs``), refused (a ValueError naming the fields) when the given one differs."""
+    from gtrain.providers.registry import accelerator_family, accelerator_shape
+
+    if not accelerator_family(accelerators):
+        return
+    hosts = accelerator_shape(accelerators or "").nodes
+    if given and spec.num_nodes != hosts:
+        raise ValueError(f"num_nodes: {spec.num_nodes} does not match {field} {accelerators}, a slice of {hosts} "
+                         f"worker host(s); drop num_nodes or set it to {hosts}"
+                         + (" (a slice candidate takes its host count when num_nodes is not given)"
+                            if candidate else ""))
+    if not given and not candidate:
+        spec.num_nodes = hosts
+        spec.model_fields_set.discard("num_nodes")  # still derived: an any_of candidate's plain spec re-derives it
 
 
 def default_provider(data: dict[str, Any]) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from gtrain.catalog import (
     shipped_text,
 )
 from gtrain.errors import ConfigError, GtrainError, ProviderError
+from gtrain.providers.registry import CATALOG_REFRESH, CATALOG_RIDERS, price_list
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
@@ -103,20 +104,30 @@ def refresh(providers: Iterable[str] | None = None, *, today: str | None = None,
     bases = {p: _base_url(p) for p in names}
     auth = _gcp_auth() if "gcp" in names else None
     texts: list[tuple[RefreshResult, str]] = []
+    riders: list[tuple[RefreshResult, str, str | None]] = []
     for p in names:
         t0 = time.perf_counter()
         if p == "aws":
             result, text = _refresh_aws(bases[p], day, timeout)
-        elif p == "azure":
-            result, text = _refresh_azure(bases[p], day, timeout)
+        elif p in CATALOG_REFRESH:  # the provider's own price list, read by its module (registry's hook)
+            result, text = price_list(p)(bases[p], day, timeout)
         else:
             assert auth is not None
-            result, text = _refresh_gcp(bases[p], auth, day, timeout)
+            skus = _Skus(bases[p], auth, timeout)
+            result, text = _refresh_gcp(skus, day)
+            for hook in CATALOG_RIDERS.get(p, ()):  # the Cloud TPU types, from the same Cloud Billing Catalog
+                t1 = time.perf_counter()
+                rider, path, rtext = price_list(hook)(skus, day)
+                rider.seconds = time.perf_counter() - t1
+                riders.append((rider, path, rtext))
         result.seconds = time.perf_counter() - t0
         texts.append((result, text))
     for result, text in texts:
         _write_atomic(result.provider, text)
-    return [r for r, _ in texts]
+    for rider, path, rtext in riders:
+        if rtext is not None:  # None: nothing of that list was found; what is in use stays
+            _write_atomic(rider.provider, rtext, path)
+    return [r for r, _ in texts] + [r for r, _, _ in riders]
 
 
 def _base_url(provider: str) -> str:
@@ -177,34 +188,6 @@ def _get_json(url: str, timeout: float, headers: dict[str, str] | None = None, w
 def _bad(provider: str, what: str) -> ProviderError:
     return ProviderError(f"catalog refresh: unexpected {provider} price list format: {what}",
                          hint="the catalog in use is unchanged; report this with the gtrain version")
-
-
-def _refresh_azure(base: str, day: str, timeout: float) -> tuple[RefreshResult, str]:
-    """Every size of gtrain.providers.azure.prices.SIZES, re-priced from the Retail Prices API (pages linked by
-    NextPageLink)."""
-    from urllib.parse import quote
-
-    from gtrain.providers.azure import prices
-
-    items: list[dict[str, Any]] = []
-    url: str | None = f"{base}/api/retail/prices?$filter={quote(prices.query_filter(prices.SIZES))}"
-    for _ in range(MAX_PAGES):
-        if not url:
-            break
-        with _open(url, timeout, what="azure") as r:
-            try:
-                page = json.load(r)
-            except ValueError:
-                raise _bad("azure", "a page is not JSON") from None
-        if not isinstance(page, dict) or not isinstance(page.get("Items"), list):
-            raise _bad("azure", "a page is not {'Items': [...]}")
-        items += page["Items"]
-        url = page.get("NextPageLink")
-    rows = prices.rows(items)
-    if not rows:
-        raise _bad("azure", "no Linux pay-as-you-go price for any GPU size gtrain lists")
-    return (RefreshResult("azure", str(override_path("azure")), day, len(rows), len(rows), [],
-                          source="the Azure Retail Prices API"), prices.render(rows, day))
 
 
 # ---------------------------------------------------------------------------------------------- shipped rows
@@ -346,7 +329,21 @@ def _gcloud_token() -> str:
     return r.stdout.strip() if r.returncode == 0 else ""
 
 
-def _gcp_skus(base: str, auth: dict[str, str], timeout: float) -> Iterator[dict[str, Any]]:
+class _Skus:
+    """One Cloud Billing service's SKUs (all pages), fetched once each: ``skus(service_id)``."""
+
+    def __init__(self, base: str, auth: dict[str, str], timeout: float) -> None:
+        self.base, self.auth, self.timeout = base, auth, timeout
+        self._got: dict[str, list[dict[str, Any]]] = {}
+
+    def __call__(self, service: str = GCP_COMPUTE_SERVICE) -> list[dict[str, Any]]:
+        if service not in self._got:
+            self._got[service] = list(_gcp_skus(self.base, self.auth, self.timeout, service))
+        return self._got[service]
+
+
+def _gcp_skus(base: str, auth: dict[str, str], timeout: float,
+              service: str = GCP_COMPUTE_SERVICE) -> Iterator[dict[str, Any]]:
     from urllib.parse import urlencode
 
     headers = {k: v for k, v in auth.items() if k != "key"}
@@ -355,7 +352,7 @@ def _gcp_skus(base: str, auth: dict[str, str], timeout: float) -> Iterator[dict[
         params = {"currencyCode": "USD", "pageSize": "5000", **({"key": auth["key"]} if "key" in auth else {})}
         if token:
             params["pageToken"] = token
-        page = _get_json(f"{base}/v1/services/{GCP_COMPUTE_SERVICE}/skus?{urlencode(params)}", timeout, headers,
+        page = _get_json(f"{base}/v1/services/{service}/skus?{urlencode(params)}", timeout, headers,
                          what="gcp")
         if not isinstance(page, dict) or not isinstance(page.get("skus", []), list):
             raise _bad("gcp", "a skus page is not {'skus': [...]}")
@@ -399,9 +396,9 @@ def _gcp_rates(skus: Iterable[dict[str, Any]]) -> dict[tuple[str, str, str, str]
     return rates
 
 
-def _refresh_gcp(base: str, auth: dict[str, str], day: str, timeout: float) -> tuple[RefreshResult, str]:
+def _refresh_gcp(skus: _Skus, day: str) -> tuple[RefreshResult, str]:
     fields, rows = _shipped("gcp")
-    rates = _gcp_rates(_gcp_skus(base, auth, timeout))
+    rates = _gcp_rates(skus())
 
     def machine(r: dict[str, str], market: str) -> float | None:
         fam, region = r["instance_type"].split("-")[0].lower(), r["region"]
@@ -437,12 +434,15 @@ def _refresh_gcp(base: str, auth: dict[str, str], day: str, timeout: float) -> t
 # ---------------------------------------------------------------------------------------------- writing
 
 
-def _write_atomic(provider: str, text: str) -> None:
-    """Check the new text parses as a catalog, then temp file + rename: a reader sees the old or the new file."""
+def _write_atomic(provider: str, text: str, to: str | None = None) -> None:
+    """Check the new text parses as a catalog (a rider's hook checked its own), then temp file + rename: a reader
+    sees the old or the new file."""
     import tempfile
+    from pathlib import Path
 
-    path = override_path(provider)
-    _parse(provider, text, str(path))
+    path = Path(to) if to else override_path(provider)
+    if to is None:
+        _parse(provider, text, str(path))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{provider}.", suffix=".csv.tmp", dir=path.parent)

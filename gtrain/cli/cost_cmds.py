@@ -142,23 +142,27 @@ def _candidates(spec: str, json_: bool) -> None:
 
 
 def _tpu_types(region: str | None, spot: bool, json_: bool) -> None:
-    """``gtrain catalog --tpu``: every Cloud TPU type (docs/providers/tpu.md), cheapest per chip first."""
+    """``gtrain catalog --tpu``: every Cloud TPU type (docs/providers/tpu.md), cheapest per chip first; read
+    through the registry's accelerator seam (the provider's own catalog)."""
     from dataclasses import asdict
 
-    from gtrain.providers.tpu.types import snapshot, tpu_types
+    from gtrain.providers.registry import accelerator_shapes
 
-    rows = [t for t in tpu_types().values() if region is None or t.region_zones(region)]
-    rows.sort(key=lambda t: (t.price_spot_chip_h if spot else t.price_ondemand_chip_h, t.generation, t.chips))
+    shapes = accelerator_shapes("tpu")
+    rows = [t for t in shapes.values() if region is None or t.region_zones(region)]
+    rows.sort(key=lambda t: (t.price_spot_chip_h if spot else t.price_chip_h, t.generation, t.chips))
+    snapshot = next(iter(shapes.values())).snapshot if shapes else "?"
     if json_:
-        out.emit_json({"tpu_types": [{**asdict(t), "name": t.name, "chips_per_host": t.chips_per_host,
+        out.emit_json({"tpu_types": [{**asdict(t), "hosts": t.nodes, "chips_per_host": t.chips_per_node,
+                                      "price_ondemand_chip_h": t.price_chip_h,
                                       "price_per_hour": t.price_per_hour(False),
                                       "price_spot_per_hour": t.price_per_hour(True)} for t in rows],
-                       "snapshot": snapshot()})
+                       "snapshot": snapshot})
         return
     out.table(None, ["accelerators", "chips", "hosts", "chips/host", "$/chip-h", "spot $/chip-h*", "$/h slice",
                      "zones"],
-              [[t.name, t.chips, t.hosts, t.chips_per_host, out.fmt_usd(t.price_ondemand_chip_h),
+              [[t.name, t.chips, t.nodes, t.chips_per_node, out.fmt_usd(t.price_chip_h),
                 out.fmt_usd(t.price_spot_chip_h), out.fmt_usd(t.price_per_hour(spot)),
                 " ".join(t.region_zones(region))] for t in rows])
-    out.say(f"* spot: the catalog's estimate. TPU prices snapshot {snapshot()}; `resources.accelerators: "
+    out.say(f"* spot: the catalog's estimate. TPU prices snapshot {snapshot}; `resources.accelerators: "
             "tpu-v5p-32` in a gcp spec")

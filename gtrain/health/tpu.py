@@ -24,11 +24,11 @@ PROBE = ("import json, jax; d = jax.local_devices(); "
 
 
 def tpu_checks(spec: ClusterSpec, runners: list[Runner]) -> list[Check]:
-    from gtrain.providers.tpu.types import lookup
+    from gtrain.providers.registry import accelerator_shape
 
-    t = lookup(spec.resources.accelerators or "")
+    t = accelerator_shape(spec.resources.accelerators or "")
     python = spec.job.python if spec.job and spec.job.python else None
-    return [verdict(t.name, t.chips_per_host, i, got)
+    return [verdict(t.name, t.chips_per_node, i, got)
             for i, got in enumerate(parallel(lambda r: probe(r, python), runners))]
 
 

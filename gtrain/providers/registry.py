@@ -4,7 +4,9 @@ so the spec can check a name without reaching the providers' code."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 ENTRY_POINT_GROUP = "gtrain.providers"
 
@@ -41,3 +43,97 @@ def _target(name: str) -> str | None:
 def provider_names() -> list[str]:
     """Every provider a spec may name: built in, registered at run time, or from an entry point."""
     return sorted({*REGISTRY, *_ADDED, *_entry_points()})
+
+
+# ---------------------------------------------------------------------------------------------- accelerators
+# A family of accelerators a spec names in ``resources.accelerators`` other than ``GPU:COUNT`` (a Cloud TPU
+# slice, ``tpu-v5p-32``), served by one provider: the shape of each of its types is read through here, so the
+# spec's checks, ``any_of`` and ``gtrain catalog`` name no provider's module.
+
+#: family -> (the name's prefix, "module:function" returning every shape of the family, by name)
+ACCELERATORS: dict[str, tuple[str, str]] = {
+    "tpu": ("tpu-", "gtrain.providers.tpu.types:shapes"),
+}
+
+
+@dataclass(frozen=True)
+class AcceleratorShape:
+    """One type of an accelerator family: what a cluster of it is (nodes = its worker hosts) and costs."""
+
+    name: str  # as a spec writes it: tpu-v5p-32
+    family: str  # tpu
+    provider: str  # the provider that makes it: gcp
+    generation: str
+    chips: int  # in the whole slice
+    nodes: int  # worker hosts: the cluster's num_nodes
+    zones: tuple[str, ...]
+    price_chip_h: float  # on-demand $ per chip-hour
+    price_spot_chip_h: float
+    snapshot: str  # the date of the prices
+
+    @property
+    def chips_per_node(self) -> int:
+        return self.chips // self.nodes
+
+    def price_per_hour(self, spot: bool) -> float:
+        """The whole slice's $/h: $ per chip-hour x chips."""
+        return round((self.price_spot_chip_h if spot else self.price_chip_h) * self.chips, 4)
+
+    def region_zones(self, region: str | None) -> list[str]:
+        return [z for z in self.zones if region is None or z.rsplit("-", 1)[0] == region]
+
+
+def accelerator_family(accelerators: str | None) -> str | None:
+    """The family a ``resources.accelerators`` value names (``tpu``), or None for ``GPU:COUNT``."""
+    v = (accelerators or "").strip().lower()
+    return next((fam for fam, (prefix, _) in ACCELERATORS.items() if v.startswith(prefix)), None)
+
+
+def accelerator_shapes(family: str) -> dict[str, AcceleratorShape]:
+    """Every type of ``family`` by name (the provider's own catalog; data only, offline)."""
+    from importlib import import_module
+
+    mod, _, fn = ACCELERATORS[family][1].partition(":")
+    shapes: dict[str, AcceleratorShape] = getattr(import_module(mod), fn)()
+    return shapes
+
+
+def accelerator_shape(accelerators: str) -> AcceleratorShape:
+    """The type ``accelerators`` names; ValueError naming the known ones (or when it names no family)."""
+    fam = accelerator_family(accelerators)
+    if fam is None:
+        raise ValueError(f"{accelerators!r} names no accelerator family ({', '.join(ACCELERATORS)})")
+    shapes = accelerator_shapes(fam)
+    got = shapes.get(accelerators.strip().lower())
+    if got is None:
+        def key(n: str) -> tuple[str, int]:
+            head, _, size = n.rpartition("-")
+            return (head, int(size) if size.isdigit() else 0)
+
+        known = ", ".join(sorted(shapes, key=key))
+        raise ValueError(f"{accelerators!r} is not a {fam.upper()} type gtrain knows (known: {known}; "
+                         f"`gtrain catalog --{fam}` lists them)")
+    return got
+
+
+# ---------------------------------------------------------------------------------------------- price lists
+#: ``gtrain catalog --refresh``: a catalog provider whose price list its own module reads ("module:function",
+#: called as ``fn(base_url, day, timeout) -> (RefreshResult, csv text)``)
+CATALOG_REFRESH: dict[str, str] = {
+    "azure": "gtrain.providers.azure.prices:refresh_catalog",
+}
+#: price lists re-priced along with a catalog provider's, from the same service: catalog provider -> hooks
+#: ("module:function", called as ``fn(skus_of, day) -> (RefreshResult, csv text)``, ``skus_of(service_id)``
+#: listing that Cloud Billing service's SKUs); the Cloud TPU types ride on gcp's refresh
+CATALOG_RIDERS: dict[str, tuple[str, ...]] = {
+    "gcp": ("gtrain.providers.tpu.prices:refresh_catalog",),
+}
+
+
+def price_list(target: str) -> Any:
+    """The function a ``CATALOG_REFRESH`` / ``CATALOG_RIDERS`` entry names (``target``: a provider or a
+    "module:function")."""
+    from importlib import import_module
+
+    mod, _, fn = CATALOG_REFRESH.get(target, target).partition(":")
+    return getattr(import_module(mod), fn)

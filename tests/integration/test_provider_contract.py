@@ -28,7 +28,8 @@ from gtrain.spec import ClusterSpec, parse_spec
 from gtrain.state import Cluster, StateStore
 
 # fake: tests/fake_provider.py, plugged in from outside; kubernetes: tests/fixtures/fake_kube.py
-PROVIDERS = ["local", "ssh", "aws", "gcp", "lambda", "azure", "fake", "kubernetes"]
+# gcp-tpu: the gcp provider with a Cloud TPU slice (tests/fixtures/fake_tpu.py): its worker hosts are the nodes
+PROVIDERS = ["local", "ssh", "aws", "gcp", "gcp-tpu", "lambda", "azure", "fake", "kubernetes"]
 AWS_REGION = "us-east-1"
 GCP_REGION = "us-central1"
 SSH_CIDR = "198.51.100.7/32"  # a documentation address: the clouds' fakes never see a rule open to the world
@@ -158,6 +159,35 @@ def gcp_harness(fake: Any) -> Harness:
     return Harness("gcp", spec, leftovers, inventory)
 
 
+def tpu_harness(tpu: Any, gce: Any) -> Harness:
+    """A Cloud TPU slice of as many worker hosts as the test asks for nodes (v4-8: 1, v4-16: 2, v4-32: 4), on the
+    fake TPU API, with its firewall rules on the fake Compute Engine; policies' limits armed as for a VM."""
+    types = {1: "tpu-v4-8", 2: "tpu-v4-16", 4: "tpu-v4-32"}
+
+    def spec(name: str, n: int) -> ClusterSpec:
+        return parse_spec({"name": name, "provider": "gcp", "num_nodes": n,
+                           "resources": {"accelerators": types[n]}, "policies": {"max_hours": 2},
+                           "gcp": {"ssh_cidr": SSH_CIDR, "wait_ssh": False, "poll_s": 0.05}})
+
+    def leftovers(name: str) -> list[str]:
+        ids = cluster_ids(name)
+        out = [f"{kind}/{r}" for cid in ids for kind, refs in tpu.of_cluster(cid).items() for r in refs]
+        with tpu.lock:
+            out += [f"node/{k}" for k, n in tpu.nodes.items()
+                    if (n.get("labels") or {}).get("gtrain-cluster-name") == name and f"node/{k}" not in out]
+        with gce.lock:
+            out += [f"firewall/{n}" for n in gce.firewalls if any(n.startswith(f"gtrain-{cid}-") for cid in ids)]
+        return sorted(out)
+
+    def inventory() -> set[str]:
+        with tpu.lock:
+            got = {f"node/{k}" for k in tpu.nodes} | {f"queuedResource/{k}" for k in tpu.queued}
+        with gce.lock:
+            return got | {f"firewall/{n}" for n in gce.firewalls}
+
+    return Harness("gcp", spec, leftovers, inventory)
+
+
 def lambda_harness(fake: Any) -> Harness:
     def spec(name: str, n: int) -> ClusterSpec:
         return parse_spec({"name": name, "provider": "lambda", "num_nodes": n,
@@ -269,6 +299,8 @@ def harness(request: pytest.FixtureRequest, gtrain_home: Path, tmp_path: Path) -
         yield lambda_harness(request.getfixturevalue("fake_lambda"))
     elif name == "azure":
         yield azure_harness(request.getfixturevalue("fake_arm"))
+    elif name == "gcp-tpu":
+        yield tpu_harness(request.getfixturevalue("fake_tpu"), request.getfixturevalue("fake_gce"))
     else:
         yield gcp_harness(request.getfixturevalue("fake_gce"))
 

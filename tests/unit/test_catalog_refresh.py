@@ -42,12 +42,14 @@ class _Handler(BaseHTTPRequestHandler):
             if f.is_file():
                 return self._send(200, f.read_bytes(), "application/octet-stream")
             return self._send(404, b"<Error><Code>NoSuchKey</Code></Error>", "application/xml")
-        if url.path == "/v1/services/6F81-5844-456A/skus":
+        if url.path in ("/v1/services/6F81-5844-456A/skus", "/v1/services/E000-3F24-B8AA/skus"):
             q = parse_qs(url.query)
             if q.get("key") != [API_KEY] and self.headers.get("Authorization") != "Bearer tok":
                 err = {"error": {"code": 400, "message": "API key not valid. Please pass a valid API key.",
                                  "status": "INVALID_ARGUMENT"}}
                 return self._send(400, json.dumps(err).encode(), "application/json")
+            if "E000" in url.path:  # the Cloud TPU service: one page of TPU v2-v4 SKUs
+                return self._send(200, (FIXTURES / "gcp" / "tpu-skus.json").read_bytes(), "application/json")
             page = 2 if q.get("pageToken") else 1
             if page == 2 and type(self).fail_gcp_page2:
                 return self._send(503, b'{"error": {"code": 503, "message": "The service is unavailable."}}',
@@ -186,7 +188,7 @@ def test_failed_refresh_keeps_the_old_user_copy(env: str, gtrain_home: Path) -> 
     for p in ("aws", "gcp"):  # aws downloaded fine, but nothing is written unless everything is
         assert (gtrain_home / "catalog" / f"{p}.csv").read_bytes() == old[p]
     # no temp files
-    assert sorted(f.name for f in (gtrain_home / "catalog").iterdir()) == ["aws.csv", "azure.csv", "gcp.csv"]
+    assert sorted(f.name for f in (gtrain_home / "catalog").iterdir()) == ["aws.csv", "azure.csv", "gcp.csv", "tpu.csv"]
 
 
 def test_unreachable_price_list_is_exit_1_naming_the_url(env: str, gtrain_home: Path,
@@ -222,3 +224,44 @@ def test_oauth_token_instead_of_a_key(env: str, gtrain_home: Path, monkeypatch: 
     r = gtrain("catalog", "--refresh", "--provider", "gcp")
     assert r.returncode == 0, r.stderr
     assert all("key=" not in h for h in _Handler.hits)
+
+
+def test_refresh_reprices_the_tpu_types_from_their_skus(env: str, gtrain_home: Path) -> None:
+    """The Cloud TPU types ride on gcp's refresh: $/chip-hour from the TPU SKUs of the Cloud TPU service (v4) and
+    of Compute Engine (v5p, v5e), spot from the Preemptible SKUs (none for v4: its estimate scaled), commitments
+    and non-hourly SKUs left out, v6e (no SKU) kept as shipped and listed; `catalog --tpu` and a plan use it."""
+    from gtrain.providers.registry import accelerator_shape
+
+    before = {n: accelerator_shape(n) for n in ("tpu-v4-8", "tpu-v6e-8")}
+    r = gtrain("catalog", "--refresh", "--provider", "gcp", "--json")
+    assert r.returncode == 0, r.stderr
+    done = {d["provider"]: d for d in json.loads(r.stdout)["refreshed"]}
+    day = time.strftime("%Y-%m-%d", time.gmtime())
+    assert Path(done["tpu"]["path"]) == gtrain_home / "catalog" / "tpu.csv" and done["tpu"]["snapshot"] == day
+    assert done["tpu"]["kept"] == [f"tpu-v6e-{n}" for n in (1, 4, 8, 16, 32, 64)]
+    assert any("/services/E000-3F24-B8AA/skus" in h for h in _Handler.hits)
+    v5p, v5e, v4, v6e = (accelerator_shape(n) for n in ("tpu-v5p-32", "tpu-v5litepod-16", "tpu-v4-8", "tpu-v6e-8"))
+    assert (v5p.price_chip_h, v5p.price_spot_chip_h, v5p.snapshot) == (4.0, 1.5, day)
+    assert v5p.price_per_hour(True) == pytest.approx(16 * 1.5)  # per chip-hour x chips
+    assert (v5e.price_chip_h, v5e.price_spot_chip_h) == (1.1, 0.5)
+    assert v4.price_chip_h == 3.0 and v4.price_spot_chip_h == pytest.approx(
+        before["tpu-v4-8"].price_spot_chip_h * 3.0 / before["tpu-v4-8"].price_chip_h, rel=1e-4)
+    assert (v6e.price_chip_h, v6e.price_spot_chip_h) == (before["tpu-v6e-8"].price_chip_h,
+                                                         before["tpu-v6e-8"].price_spot_chip_h)
+    listed = json.loads(gtrain("catalog", "--tpu", "--json").stdout)
+    assert listed["snapshot"] == day
+    assert {t["name"]: t["price_spot_per_hour"] for t in listed["tpu_types"]}["tpu-v5p-32"] == pytest.approx(24.0)
+
+
+def test_no_tpu_sku_recognised_keeps_the_types_and_writes_nothing(gtrain_home: Path) -> None:
+    """Should Google rename its TPU SKUs, the TPU types in use stay (no dated copy of unchanged prices), every
+    type is listed as kept, and nothing fails: gcp's GPU prices are refreshed all the same."""
+    from gtrain.providers.tpu.prices import generation, refresh_catalog
+
+    result, path, text = refresh_catalog(lambda service: [{"description": "Unrelated SKU", "category": {
+        "usageType": "OnDemand", "resourceGroup": "TPU"}}], "2026-12-03")
+    assert text is None and result.repriced == 0 and "tpu-v5p-32" in result.kept and "unchanged" in result.source
+    assert not Path(path).exists()
+    assert [generation(d) for d in ("TPU v5p chip-hour", "Tpu-v4 Pod", "TPU v5 Lite PodSlice", "TpuV6e",
+                                    "Trillium chip-hour", "N1 Predefined Instance Core")] == \
+        ["v5p", "v4", "v5e", "v6e", "v6e", None]

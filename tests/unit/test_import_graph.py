@@ -8,6 +8,7 @@ each need the other; only the listed typing-only seams may have one."""
 from __future__ import annotations
 
 import ast
+from functools import lru_cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2] / "gtrain"
@@ -35,6 +36,7 @@ def _is_type_checking(test: ast.expr) -> bool:
         (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
+@lru_cache(maxsize=2)  # read once per run for each kind (every test here reads the same tree)
 def import_graph(*, typing: bool) -> dict[str, set[str]]:
     """module -> the gtrain modules it imports (``from pkg import submodule`` is an edge to the submodule)."""
     mods = _modules()
@@ -149,3 +151,18 @@ def test_no_file_over_500_lines() -> None:
     long = {str(p.relative_to(ROOT.parent)): n for p in ROOT.rglob("*.py")
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert long == {}
+
+
+#: what shared code (gtrain outside gtrain/providers/) may import of the providers: the seam, nothing behind it
+PROVIDER_SEAM = {"gtrain.providers", "gtrain.providers.base", "gtrain.providers.registry"}
+
+
+def test_shared_code_imports_no_provider() -> None:
+    """Shared modules reach a provider's code only through the seam (base, registry, ``provider_class``): a TPU
+    type is read through ``registry.accelerator_shape``, a provider's price list through ``CATALOG_REFRESH``."""
+    g = import_graph(typing=True)
+    leaks = {mod: sorted(t for t in targets if t.startswith("gtrain.providers.") and t not in PROVIDER_SEAM)
+             for mod, targets in g.items() if mod != "gtrain.providers" and not mod.startswith("gtrain.providers.")}
+    assert {m: t for m, t in leaks.items() if t} == {}
+    # the check reads what it means to: a provider importing another's parts is not shared code
+    assert "gtrain.providers.gcp.api" in g["gtrain.providers.tpu.slices"]

@@ -104,3 +104,32 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main(sys.argv[1:]))
+
+
+def refresh_catalog(base: str, day: str, timeout: float) -> tuple[Any, str]:
+    """``gtrain catalog --refresh`` for azure (its hook in ``gtrain.providers.registry.CATALOG_REFRESH``): every
+    size of :data:`SIZES`, re-priced from the Retail Prices API (pages linked by NextPageLink)."""
+    from urllib.parse import quote
+
+    from gtrain.catalog import override_path
+    from gtrain.catalog.refresh import MAX_PAGES, RefreshResult, _bad, _open
+
+    items: list[dict[str, Any]] = []
+    url: str | None = f"{base}/api/retail/prices?$filter={quote(query_filter(SIZES))}"
+    for _ in range(MAX_PAGES):
+        if not url:
+            break
+        with _open(url, timeout, what="azure") as r:
+            try:
+                page = json.load(r)
+            except ValueError:
+                raise _bad("azure", "a page is not JSON") from None
+        if not isinstance(page, dict) or not isinstance(page.get("Items"), list):
+            raise _bad("azure", "a page is not {'Items': [...]}")
+        items += page["Items"]
+        url = page.get("NextPageLink")
+    found = rows(items)
+    if not found:
+        raise _bad("azure", "no Linux pay-as-you-go price for any GPU size gtrain lists")
+    return (RefreshResult("azure", str(override_path("azure")), day, len(found), len(found), [],
+                          source="the Azure Retail Prices API"), render(found, day))

@@ -18,6 +18,7 @@ from gtrain.providers.base import GCResult, IntervalCost, NodeStatus, Orphan, Pl
 from gtrain.providers.cloud.billing import cloud_interval_cost
 from gtrain.providers.cloud.failover import Attempts
 from gtrain.providers.cloud.keys import drop_key, ensure_key, key_path, owner
+from gtrain.providers.cloud.lifetime import lifetime_note, lifetime_s, node_lifetime_s
 from gtrain.providers.cloud.ssh_access import wait_ssh, write_ssh_config
 from gtrain.providers.gcp import api as gapi
 from gtrain.providers.gcp.options import GCPOptions, gcp_options
@@ -95,9 +96,11 @@ class TPUSlices:
                  f"zones, in order: {', '.join(zones)}"]
         if spot:
             notes.append("a spot slice can be preempted (state PREEMPTED) at any time; recovery remakes it whole")
-        if spec.policies.max_hours or spec.policies.max_cost_usd:
-            notes.append("policies' time/cost limit: a TPU node has no run-duration limit of its own (no "
-                         "maxRunDuration in the TPU API); `gtrain down` (or `gtrain run`'s end) deletes the slice")
+        notes += lifetime_note(lifetime_s(spec.policies, t.hosts, per_host),
+                               "worker 0 deletes the slice through the TPU API: no maxRunDuration there")
+        if spec.policies.idle_minutes:
+            notes.append(f"policies.idle_minutes: worker 0 deletes the slice after {spec.policies.idle_minutes:g} "
+                         "min with no job and no SSH login on it")
         return Plan(provider="gcp", num_nodes=t.hosts, instance_type=t.name,
                     market="spot" if spot else "on-demand", region=zones[0].rsplit("-", 1)[0], zone=zones[0],
                     gpu_name=f"tpu-{t.generation} chips", gpus_per_node=t.chips_per_host, price_per_hour=per_host,
@@ -136,6 +139,8 @@ class TPUSlices:
         opts = gcp_options(spec.gcp)
         project = gapi.project_of(opts.project)
         t, rt, zones = check(spec, opts)
+        # what is left of the run's time/cost budget (BudgetSpent, before anything is made, when nothing is)
+        life = node_lifetime_s(spec.policies, t.hosts, t.price_per_host_hour(spec.resources.use_spot), cluster)
         body = self.body(spec, cluster, opts, t, rt)
         found = self.find(project, cluster.id)
         live = [n for n in found if n.get("state") not in ("PREEMPTED", "TERMINATED", "DELETING")]
@@ -164,11 +169,23 @@ class TPUSlices:
                 wait_ssh(cluster, self.ledger, self.report, host_keys=lambda _n: [], host_key_wait_s=0,
                          ssh_timeout_s=opts.ssh_timeout_s, poll_s=opts.poll_s, max_workers=32,
                          key_source="the TPU API", hint="check gcp.ssh_proxy_command / the network")
+            self.arm_limits(spec, cluster, opts, project, zone, life)
             return
         drop_key(cluster.id)
         attempts.fail(f"{t.name} ({plan.market})", quota_hint="request a TPU quota increase, or add zones",
                       capacity_hint="add zones (resources.zones / regions), try gcp.queued: true or on-demand; "
                                     "nothing was left running")
+
+    def arm_limits(self, spec: ClusterSpec, cluster: Cluster, opts: GCPOptions, project: str, zone: str,
+                   life: int | None) -> None:
+        """policies' limits, held by the slice's worker 0 (:mod:`.limits`)."""
+        from gtrain.providers.tpu.limits import arm
+        from gtrain.remote.ssh import runner_from_node
+
+        node = next(n for n in self.store.node_records(cluster.id) if n.rank == 0)
+        parent = f"projects/{project}/locations/{zone}"
+        arm(spec, opts, runner_from_node(node, cluster.name), f"{parent}/nodes/{cluster.id}",
+            f"{parent}/queuedResources/{cluster.id}" if opts.queued else None, life, self.report)
 
     def _make(self, project: str, zone: str, cluster: Cluster, opts: GCPOptions, body: dict[str, Any],
               spot: bool, t: TPUType) -> dict[str, Any]:

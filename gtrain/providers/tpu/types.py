@@ -4,7 +4,11 @@ no SDK, no network, so the spec's checks and ``gtrain catalog --tpu`` use it off
 
 A spec names a type as ``resources.accelerators: tpu-v5p-32`` (the ``tpu-`` prefix, then the TPU API's
 ``acceleratorType``: generation and size; for v4/v5p the size counts TensorCores, two per chip; for v5e/v6e it
-counts chips)."""
+counts chips).
+
+``gtrain catalog --refresh`` (gcp) writes a re-priced copy to ``$GTRAIN_HOME/catalog/tpu.csv``
+(:mod:`.prices`), which then replaces the shipped file; deleting it falls back to the shipped one. Shared code
+reads these types through :func:`gtrain.providers.registry.accelerator_shape` (:func:`shapes`)."""
 
 from __future__ import annotations
 
@@ -13,9 +17,13 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-__all__ = ["RUNTIMES", "TPUType", "is_tpu", "lookup", "settle_nodes", "snapshot", "topology_chips", "tpu_types"]
+if TYPE_CHECKING:
+    from gtrain.providers.registry import AcceleratorShape
+
+__all__ = ["RUNTIMES", "TPUType", "is_tpu", "lookup", "shapes", "snapshot", "text", "topology_chips", "tpu_types",
+           "user_copy"]
 
 CSV = Path(__file__).with_name("tpu.csv")
 PREFIX = "tpu-"
@@ -68,9 +76,37 @@ def is_tpu(accelerators: str | None) -> bool:
     return bool(accelerators) and str(accelerators).strip().lower().startswith(PREFIX)
 
 
-@lru_cache(maxsize=1)
+def user_copy() -> Path:
+    """``$GTRAIN_HOME/catalog/tpu.csv``: a re-priced copy that replaces the shipped file (it need not exist)."""
+    import os
+
+    home = os.environ.get("GTRAIN_HOME") or os.path.join(os.path.expanduser("~"), ".gtrain")
+    return Path(os.path.expanduser(home)) / "catalog" / "tpu.csv"
+
+
+def text() -> str:
+    """The catalog in use: the user copy when there is one, else the shipped file."""
+    try:
+        return user_copy().read_text(encoding="utf-8")
+    except OSError:
+        return CSV.read_text(encoding="utf-8")
+
+
 def tpu_types() -> dict[str, TPUType]:
-    lines = [ln for ln in CSV.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    body = text()
+    try:
+        return _parse(body)
+    except (KeyError, ValueError, TypeError) as e:  # only a user copy can be malformed: the shipped file is tested
+        from gtrain.errors import ConfigError
+
+        raise ConfigError(f"{user_copy()}: not a Cloud TPU types catalog ({type(e).__name__}: {e})",
+                          hint="fix it, or delete it to fall back to the types shipped with gtrain "
+                               "(`gtrain catalog --refresh` writes a new one)", field="GTRAIN_HOME") from None
+
+
+@lru_cache(maxsize=4)
+def _parse(body: str) -> dict[str, TPUType]:
+    lines = [ln for ln in body.splitlines() if ln.strip() and not ln.startswith("#")]
     out: dict[str, TPUType] = {}
     for r in csv.DictReader(lines):
         t = TPUType(r["accelerator_type"], r["generation"], int(r["chips"]), int(r["hosts"]),
@@ -81,8 +117,31 @@ def tpu_types() -> dict[str, TPUType]:
 
 
 def snapshot() -> str:
-    first = CSV.read_text().splitlines()[0]
-    return first.split(":", 1)[1].strip() if first.startswith("# snapshot:") else "?"
+    return snapshot_of(text())
+
+
+def snapshot_of(body: str) -> str:
+    return next((ln.split(":", 1)[1].strip() for ln in body.splitlines() if ln.startswith("# snapshot:")), "?")
+
+
+def check_text(body: str, source: str) -> None:
+    """A catalog text every row of which parses (before it is written); GtrainError naming the source if not."""
+    from gtrain.errors import GtrainError
+
+    try:
+        if not _parse(body):
+            raise ValueError("no rows")
+    except (KeyError, ValueError, TypeError) as e:
+        raise GtrainError(f"{source}: not a Cloud TPU types catalog ({e})") from None
+
+
+def shapes() -> dict[str, AcceleratorShape]:
+    """Every type as the registry's :class:`~gtrain.providers.registry.AcceleratorShape` (the seam's view)."""
+    from gtrain.providers.registry import AcceleratorShape
+
+    day = snapshot()
+    return {n: AcceleratorShape(n, "tpu", "gcp", t.generation, t.chips, t.hosts, t.zones, t.price_ondemand_chip_h,
+                                t.price_spot_chip_h, day) for n, t in tpu_types().items()}
 
 
 def lookup(accelerators: str) -> TPUType:
@@ -104,14 +163,3 @@ def topology_chips(topology: str) -> int:
     for part in topology.split("x"):
         n *= int(part)
     return n
-
-
-def settle_nodes(spec: Any) -> None:
-    """A slice spec's ``num_nodes`` is its worker hosts: taken from the type when not given, refused when it
-    differs (a ValueError, which the spec's validation names)."""
-    hosts = lookup(spec.resources.accelerators or "").hosts
-    if "num_nodes" not in spec.model_fields_set:
-        spec.num_nodes = hosts
-    elif spec.num_nodes != hosts:
-        raise ValueError(f"num_nodes: {spec.num_nodes} does not match {spec.resources.accelerators}, a slice "
-                         f"of {hosts} worker host(s); drop num_nodes or set it to {hosts}")
