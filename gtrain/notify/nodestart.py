@@ -82,9 +82,12 @@ def start(runner: Runner, spec: ClusterSpec, report: Reporter, **kw: Any) -> Non
     for name in missing:
         report.warn(f"notify: {name} is not set here: the nodes' own watcher cannot send to that target "
                     "(set it and `gtrain up` again)")
-    env = f"GTRAIN_IDLE_CLUSTER={shlex.quote(spec.name)} "
-    runner.start_detached(env + " ".join(map(shlex.quote, [runner.python, "-c", BOOT])) + f' >>"{LOG}" 2>&1',
-                          stdin=line)
+    n = spec.notify
+    names = [x for x in (n and n.webhook and n.webhook.url_secret, n and n.email and n.email.smtp_secret) if x]
+    # env -u: a node that is this machine (a runner that inherits the laptop's environment) drops them too
+    env = " ".join(["env", *[f"-u {x}" for x in names], f"GTRAIN_IDLE_CLUSTER={shlex.quote(spec.name)}"])
+    runner.start_detached(f"exec {env} " + " ".join(map(shlex.quote, [runner.python, "-c", BOOT]))
+                          + f' >>"{LOG}" 2>&1', stdin=line)
     report.info(f"node 0 sends {', '.join(wanted(spec))} itself when nobody follows (notify:)")
 
 
