@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from gtrain.events import Reporter
 from gtrain.notify import nodestart
 from gtrain.remote.local import LocalRunner
 from gtrain.spec import parse_spec
@@ -84,9 +85,6 @@ def test_node_watcher_sends_budget_events_once_with_its_secret_only_in_memory(
     assert b"s3cr3t-token" not in text.encode()
 
 
-class _Report:
-    def info(self, msg: str) -> None:
-        pass
-
+class _Report(Reporter):
     def warn(self, msg: str) -> None:
         raise AssertionError(msg)
