@@ -43,16 +43,19 @@ def start_idle_watch(runners: list[Runner], idle_minutes: float, command: list[s
 
 def idle_watch(spec: ClusterSpec, opts: CloudOptions, runners: list[Runner], report: Reporter,
                max_workers: int, cluster: Cluster | None = None, ranks: list[int] | None = None,
-               ends_in: dict[int, int] | None = None) -> None:
+               ends_in: dict[int, int] | None = None, limits: bool = False) -> None:
     """The last step of a cloud ``up`` (and ``start``): the idle watch, when the spec asks for one and SSH was
     waited for. With ``notify:`` targets the nodes can reach (webhook, e-mail), rank 0's watcher also sends
     ``idle_stopped`` / ``budget_80`` / ``budget_reached`` itself (:mod:`gtrain.notify.nodewatch`). ``ranks``:
     the nodes' ranks (default 0..); ``ends_in``: seconds left of each node's lifetime (default: counted from
-    the cluster's creation)."""
+    the cluster's creation); ``limits``: the nodes end themselves at their lifetime (the provider's
+    ``nodes_enforce_limits``: only then does the node send the budget events)."""
     from gtrain.notify.nodestart import start, wanted
+    from gtrain.providers.cloud.lifetime import cluster_lifetime_s
 
     minutes = spec.policies.idle_minutes
-    sends = bool(wanted(spec)) and cluster is not None
+    life = cluster_lifetime_s(cluster) if cluster is not None and limits else None
+    sends = bool(wanted(spec)) and cluster is not None and bool(minutes or life)
     if not minutes and not sends:
         return
     if not opts.wait_ssh:
@@ -63,11 +66,9 @@ def idle_watch(spec: ClusterSpec, opts: CloudOptions, runners: list[Runner], rep
     if sends and 0 in ranks and cluster is not None:
         import time
 
-        from gtrain.providers.cloud.lifetime import cluster_lifetime_s
-
-        life = cluster_lifetime_s(cluster)
         age = max(0.0, time.time() - cluster.created_at)
-        left = (ends_in or {}).get(0, None if life is None else int(life - age))
+        # `start` says what is left where it re-arms the lifetime; where it does not, no budget event is sent
+        left = ends_in.get(0) if ends_in is not None else (None if life is None else int(life - age))
         idle_s = max(1, int(minutes * 60)) if minutes else None
         start(runners[ranks.index(0)], spec, report, idle_s=idle_s, poll_s=max(1, min(30, (idle_s or 120) // 4)),
               command=list(opts.idle_command), life_s=life, ends_in_s=left,

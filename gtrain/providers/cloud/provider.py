@@ -175,7 +175,7 @@ class CloudProvider(Provider):
         pairs = [(n.rank, r) for n, r in zip(self.store.node_records(cluster.id), self.runners(cluster), strict=True)
                  if n.rank in started]
         idle_watch(spec, opts, [r for _, r in pairs], self.report, self.max_workers, cluster=cluster,
-                   ranks=[k for k, _ in pairs], ends_in=left)
+                   ranks=[k for k, _ in pairs], ends_in=left, limits=self.nodes_enforce_limits)
         if left and opts.wait_ssh:
             by_rank = {n.rank: r for n, r in zip(self.store.node_records(cluster.id), self.runners(cluster),
                                                  strict=True) if n.rank in started}
