@@ -94,5 +94,26 @@ def test_the_node_sends_idle_stopped_itself_once_and_keeps_its_secret_in_memory(
             assert len(marks) == 1 and json.loads(marks[0].read_text())["outcomes"][0]["ok"] is True
             for root in [*homes, gtrain_home, tmp_path]:  # the node log is in its home
                 assert not _in_files(root, secret), root
+
+            # the laptop's side of the markers, over SSH: an event the node claimed is not sent again by a
+            # follower; one the follower sends first is marked on the node, so the node's watcher will not
+            from gtrain.context import Context
+            from gtrain.notify.dispatch import notify_job
+            from gtrain.notify.nodestart import claim_on
+
+            monkeypatch.setenv("NODE_HOOK_URL", hook.url)
+            ctx = Context()
+            cluster = ctx.cluster("notify-node")
+            ctx.store.create_job(cluster.id, "notify-node-job", {})
+            job = ctx.store.get_job("notify-node-job")
+            node0 = ctx.runners(cluster)[0]
+            assert claim_on(node0, "notify-node", "budget_80") is True  # as the node's watcher claims it
+            assert notify_job(cluster, job, ctx, "budget_80") is None
+            sent = notify_job(cluster, job, ctx, "budget_reached", detail="the follower saw it first")
+            assert sent is not None and [o.ok for o in sent] == [True]
+            assert claim_on(node0, "notify-node", "budget_reached") is False  # the node's watcher finds it
+            assert [b["embeds"][0]["title"].rsplit(" ", 3)[-3:] for b in hook.delivered[1:]] == [
+                ["reached", "its", "budget"]]
+            ctx.store.close()
         finally:
             gtrain.down("notify-node", yes=True)
