@@ -16,7 +16,7 @@ from gtrain.events import Reporter
 from gtrain.notify import nodestart
 from gtrain.remote.local import LocalRunner
 from gtrain.spec import parse_spec
-from tests.notify_receivers import webhook
+from tests.notify_receivers import smtp, webhook
 
 
 def _scan_proc(needle: bytes) -> list[str]:
@@ -48,12 +48,14 @@ def test_node_watcher_sends_budget_events_once_with_its_secret_only_in_memory(
     monkeypatch.setenv("GTRAIN_NOTIFY_BACKOFF_S", "0.01")
     spec = parse_spec({"name": "nw-test", "provider": "local", "notify": {
         "on": ["budget_80", "budget_reached", "failed"],
-        "webhook": {"url_secret": "NW_TEST_HOOK", "format": "slack"}}})
+        "webhook": {"url_secret": "NW_TEST_HOOK", "format": "slack"},
+        "email": {"to": ["ops@example.com"], "smtp_secret": "NW_TEST_SMTP"}}})
     assert nodestart.wanted(spec) == ["budget_80", "budget_reached"]
     runner = LocalRunner(root)
-    with webhook([503]) as hook:  # the node's first try fails: retried from the node, delivered once
+    with webhook([503]) as hook, smtp() as (smtp_url, mails):  # the first try fails: retried from the node
         secret = hook.url.encode()
         monkeypatch.setenv("NW_TEST_HOOK", hook.url)
+        monkeypatch.setenv("NW_TEST_SMTP", smtp_url)
         # the laptop sent budget_80 first (its follower saw the cost): the node must not send it again
         assert nodestart.claim_on(runner, "nw-test", "budget_80") is True
         assert nodestart.claim_on(runner, "nw-test", "budget_80") is False
@@ -67,12 +69,14 @@ def test_node_watcher_sends_budget_events_once_with_its_secret_only_in_memory(
             time.sleep(0.2)
         assert seen, "the watcher was never seen running"
         log = home / ".gtrain-idle-watch.log"
-        while "budget_reached: webhook" not in (log.read_text() if log.exists() else "") \
+        while "budget_reached: email" not in (log.read_text() if log.exists() else "") \
                 and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(0.5)  # nothing else comes
     assert [b["text"].rsplit(" ", 3)[-3:] for b in hook.delivered] == [["reached", "its", "budget"]], hook.requests
     assert [r["status"] for r in hook.requests] == [503, 200]
+    assert len(mails) == 1 and mails[0].rcpt_tos == ["ops@example.com"]  # the same event by e-mail, once
+    assert b"reached its budget" in mails[0].content
     facts = {f["text"].split("\n")[0]: f["text"].split("\n")[1] for f in hook.delivered[0]["blocks"][1]["fields"]}
     assert facts["*cluster*"] == "nw-test" and facts["*cost so far*"] == "$0.19"  # ~340 s of 400 at $2/h
     text = log.read_text()
