@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 #: the node-side marker key of each event the node's watcher may send (``@boot``: once per boot of the node)
 NODE_KEYS = {"budget_80": "budget_80", "budget_reached": "budget_reached", "idle_stopped": "idle_stopped@boot"}
 LOG = "$HOME/.gtrain-idle-watch.log"
+#: one watcher per node: rank 0's (this one) and the plain idle watch (gtrain.providers.cloud.idle) lock it
+PIDFILE = "~/.gtrain-idle-watch.pid"
 
 
 def _source(module: str) -> str:
@@ -44,8 +46,6 @@ def payload(spec: ClusterSpec, runner: Runner, *, idle_s: int | None, poll_s: in
             life_s: int | None, ends_in_s: int | None, usd_per_h: float | None, age_s: float,
             environ: dict[str, str] | None = None) -> tuple[bytes, list[str]]:
     """The one JSON line the watcher reads on its stdin (with the secrets' values), and what is missing."""
-    from gtrain.providers.cloud.idle import IDLE_PIDFILE
-
     env = os.environ if environ is None else environ
     n = spec.notify
     assert n is not None
@@ -64,7 +64,7 @@ def payload(spec: ClusterSpec, runner: Runner, *, idle_s: int | None, poll_s: in
         ("gtrain.remote", None), ("gtrain.remote.nodeside", _source("gtrain.remote.nodeside")),
         ("gtrain.notify.nodewatch", _source("gtrain.notify.nodewatch"))]
     cfg: dict[str, Any] = {
-        "pidfile": IDLE_PIDFILE, "idle_s": idle_s, "poll_s": poll_s, "command": command, "cluster": spec.name,
+        "pidfile": PIDFILE, "idle_s": idle_s, "poll_s": poll_s, "command": command, "cluster": spec.name,
         "provider": spec.provider, "on": wanted(spec), "marker_dir": marker_dir(runner, spec.name),
         "webhook": n.webhook and {"format": n.webhook.format},
         "email": n.email and {"to": n.email.to, "sender": n.email.sender},

@@ -8,6 +8,8 @@ import shlex
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from gtrain.notify.nodestart import PIDFILE
+
 if TYPE_CHECKING:
     from gtrain.events import Reporter
     from gtrain.providers.cloud.options import CloudOptions
@@ -15,7 +17,7 @@ if TYPE_CHECKING:
     from gtrain.spec import ClusterSpec
     from gtrain.state import Cluster
 
-IDLE_PIDFILE = "~/.gtrain-idle-watch.pid"
+IDLE_PIDFILE = PIDFILE  # one watcher per node
 
 
 def start_idle_watch(runners: list[Runner], idle_minutes: float, command: list[str], report: Reporter,
