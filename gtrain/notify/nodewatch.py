@@ -187,7 +187,8 @@ class Watcher:
                     return rc
             elif not more:
                 return 0
-            wait = poll if self.ends_at is None else max(0.2, min(poll, self.ends_at - REACHED_LEAD_S - now))
+            wait = poll if self.ends_at is None or not more else \
+                max(0.2, min(poll, self.ends_at - REACHED_LEAD_S - now))
             time.sleep(wait)
 
 
