@@ -86,8 +86,8 @@ class _Model(BaseModel):
 
 def _reserved_name(k: str) -> str | None:
     if k in RESERVED_ENV or k.startswith("GTRAIN_"):
-        return (f"{k!r} is set by gtrain/torchrun or the launcher on every rank (GTRAIN_* is reserved); "
-                "pick another name")
+        return (f"{k!r} is set by gtrain/torchrun or the launcher on every rank (GTRAIN_* is reserved); " + (
+            "name the folder in job.tracking.tensorboard" if k == "GTRAIN_TENSORBOARD_DIR" else "pick another name"))
     return None
 
 

@@ -24,7 +24,8 @@ class Hook:
 
 
 @contextmanager
-def webhook(statuses: list[int] | None = None, ok_status: int = 200) -> Iterator[Hook]:
+def webhook(statuses: list[int] | None = None, ok_status: int = 200, host: str = "127.0.0.1") -> Iterator[Hook]:
+    """``host``: the address to listen on (the sshd hosts' bridge address, for a sender on a node)."""
     hook = Hook(statuses)
 
     class H(BaseHTTPRequestHandler):
@@ -41,10 +42,10 @@ def webhook(statuses: list[int] | None = None, ok_status: int = 200) -> Iterator
         def log_message(self, *_: Any) -> None:
             pass
 
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    srv = ThreadingHTTPServer((host, 0), H)
     t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     t.start()
-    hook.url = f"http://127.0.0.1:{srv.server_address[1]}/hooks/T000/B000/s3cr3t-token"
+    hook.url = f"http://{host}:{srv.server_address[1]}/hooks/T000/B000/s3cr3t-token"
     try:
         yield hook
     finally:

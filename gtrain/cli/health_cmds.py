@@ -10,6 +10,10 @@ from gtrain.cli import output as out
 from gtrain.cli.params import CLUSTER, JSON
 
 GPU_COLUMNS = ["node", "gpu", "util", "memory", "temp", "power", "steps/s", "sample"]
+#: `top`: the node's energy so far beside the GPUs' watts
+TOP_COLUMNS = [*GPU_COLUMNS[:6], "energy", *GPU_COLUMNS[6:]]
+#: `top` integrates the kept samples at most this often (the watts are fresh each frame)
+ENERGY_EVERY_S = 30.0
 
 
 def register(app: typer.Typer) -> None:
@@ -97,17 +101,29 @@ def top(
                           hint="e.g. --interval 2")
 
     if once:
-        show_gpus(cluster, False)
+        rows, job, energy = gpu_table(cluster, energy=True)
+        if job is None:
+            out.say(f"no job on {cluster} yet: nothing sampled")
+            return
+        out.table(f"GPUs of job {job}", TOP_COLUMNS, with_kwh(rows, energy))
+        if energy is not None:
+            out.say(out.energy_line(energy) + " (so far)")
         return
     from rich.live import Live
     from rich.table import Table
 
+    last: dict[str, Any] = {"at": 0.0, "energy": None}
+
     def frame() -> Table:
-        rows, job, _energy = gpu_table(cluster)
-        t = Table(title=f"{cluster}: job {job or '-'}  ({time.strftime('%H:%M:%S')}, Ctrl+C to quit)")
-        for col in GPU_COLUMNS:
+        fresh = time.monotonic() - last["at"] >= max(interval, ENERGY_EVERY_S)
+        rows, job, energy = gpu_table(cluster, energy=fresh)
+        if fresh:
+            last.update(at=time.monotonic(), energy=energy)
+        t = Table(title=f"{cluster}: job {job or '-'}  ({time.strftime('%H:%M:%S')}, Ctrl+C to quit)",
+                  caption=out.energy_line(last["energy"]) + " (so far)" if last["energy"] else None)
+        for col in TOP_COLUMNS:
             t.add_column(col)
-        for r in rows:
+        for r in with_kwh(rows, last["energy"]):
             t.add_row(*(str(x) for x in r))
         return t
 
@@ -115,3 +131,19 @@ def top(
         while True:
             time.sleep(interval)
             live.update(frame(), refresh=True)
+
+
+def with_kwh(rows: list[list[Any]], energy: dict[str, Any] | None) -> list[list[Any]]:
+    """`top`'s rows: each node's kWh so far (its GPUs, plus its CPU packages where RAPL was read, marked)
+    beside the watts; "-" where the node has no energy data (never 0)."""
+    per = {n.get("node"): n for n in (energy or {}).get("nodes") or []}
+    out_rows = []
+    for r in rows:
+        n = per.get(r[0]) or {}
+        gpu, host = n.get("kwh"), n.get("host_kwh")
+        if gpu is None and host is None:
+            cell = "-"
+        else:
+            cell = f"{(gpu or 0.0) + (host or 0.0):.4g} kWh" + (" (incl. CPU)" if host is not None else "")
+        out_rows.append([*r[:6], cell, *r[6:]])
+    return out_rows

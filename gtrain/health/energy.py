@@ -13,7 +13,9 @@ How it is counted (docs/energy.md):
 - a run with no power sample at all (CPU nodes, telemetry off) has ``kwh: None`` and the note "no energy
   data" -- never zero.
 
-Host/CPU power (RAPL) is not read: the figure is the GPUs' only, and says so.
+Host CPU power: where the node's RAPL counters are readable (``/sys/class/powercap/intel-rapl:N``), the CPU
+packages' energy is counted beside the GPUs' (``host_kwh``) and said so; a CPU-only node with RAPL has the host
+figure alone as its ``kwh``, marked "host CPU packages only" (``host_only``); with neither, "no energy data".
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ __all__ = ["MAX_GAP_S", "Energy", "NodeEnergy", "carbon", "from_folders", "from_
 #: 300 W, A10 150 W, B200 1000 W)
 TDP_W = {"A100": 400.0, "H100": 700.0, "H200": 700.0, "L40S": 350.0, "L4": 72.0, "A10G": 300.0, "T4": 70.0,
          "V100": 300.0, "A10": 150.0, "B200": 1000.0}
-NO_DATA = "no energy data (no GPU power readings: CPU nodes, or telemetry off)"
+NO_DATA = "no energy data (no GPU power readings and no RAPL counters: CPU nodes, or telemetry off)"
+HOST_ONLY = ("host CPU packages only, from RAPL counters (no GPU power readings; memory, disks, fans not "
+             "measured)")
 GPU_ONLY = "GPU power only (nvidia-smi power.draw); host CPU/memory power is not measured"
 
 
@@ -57,9 +61,19 @@ class Energy:
     carbon: dict[str, Any] | None = None
 
     @property
-    def kwh(self) -> float | None:
+    def gpu_kwh(self) -> float | None:
         vals = [n.kwh for n in self.nodes if n.kwh is not None]
         return round(sum(vals), 6) if vals else None
+
+    @property
+    def host_only(self) -> bool:
+        """No GPU power anywhere, but RAPL counters: the figure is the host CPUs' (marked as such)."""
+        return self.gpu_kwh is None and self.host_kwh is not None
+
+    @property
+    def kwh(self) -> float | None:
+        """The GPUs' kWh; on CPU-only nodes with RAPL, the CPU packages' (:attr:`host_only`)."""
+        return self.host_kwh if self.host_only else self.gpu_kwh
 
     @property
     def estimate(self) -> bool:
@@ -68,7 +82,9 @@ class Energy:
     @property
     def total_kwh(self) -> float | None:
         """GPUs, and the CPU packages where RAPL was read (the carbon estimate's kWh)."""
-        return None if self.kwh is None else round(self.kwh + (self.host_kwh or 0.0), 6)
+        if self.host_only:
+            return self.host_kwh
+        return None if self.gpu_kwh is None else round(self.gpu_kwh + (self.host_kwh or 0.0), 6)
 
     @property
     def host_kwh(self) -> float | None:
@@ -76,6 +92,8 @@ class Energy:
         return round(sum(vals), 6) if vals else None
 
     def note(self) -> str:
+        if self.host_only:
+            return HOST_ONLY
         if self.kwh is None:
             return NO_DATA
         est = "; partly estimated from TDP x utilisation" if self.estimate else ""
@@ -85,7 +103,8 @@ class Energy:
         return GPU_ONLY + est
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kwh": self.kwh, "host_kwh": self.host_kwh, "estimate": self.estimate, "note": self.note(),
+        return {"kwh": self.kwh, "host_kwh": self.host_kwh, "host_only": self.host_only, "estimate": self.estimate,
+                "note": self.note(),
                 "nodes": [{"node": n.node, "kwh": None if n.kwh is None else round(n.kwh, 6), "gpus": n.gpus,
                            "seconds": round(n.seconds, 3), "gap_s": round(n.gap_s, 3), "estimate": n.estimate,
                            "host_kwh": None if n.host_kwh is None else round(n.host_kwh, 6)}

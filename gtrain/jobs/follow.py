@@ -110,8 +110,8 @@ def _idle_gpus(cluster: Cluster, job: JobRecord, ctx: Context) -> None:
 
 
 def budget_check(cluster: Cluster, job: JobRecord, ctx: Context) -> float | None:
-    """``notify.on: budget_80``: the share of ``policies.max_cost_usd`` spent so far; at 80% or more the
-    message is sent (once: gtrain.notify dedups it)."""
+    """``notify.on: budget_80`` / ``budget_reached``: the share of ``policies.max_cost_usd`` spent so far; at 80%
+    (100%) or more the message is sent (once: gtrain.notify dedups it, with the node's own watcher too)."""
     from gtrain.costs.report import cluster_cost
     from gtrain.errors import GtrainError
     from gtrain.notify.dispatch import notify_job
@@ -124,7 +124,8 @@ def budget_check(cluster: Cluster, job: JobRecord, ctx: Context) -> float | None
     except (GtrainError, OSError, ValueError):
         return None
     share = spent / cap
-    if share >= 0.8:
-        notify_job(cluster, ctx.store.get_job(job.id), ctx, "budget_80",
-                   detail=f"${spent:.2f} of policies.max_cost_usd ${cap:.2f} spent ({share:.0%})")
+    for kind, at in (("budget_80", 0.8), ("budget_reached", 1.0)):
+        if share >= at:
+            notify_job(cluster, ctx.store.get_job(job.id), ctx, kind,
+                       detail=f"${spent:.2f} of policies.max_cost_usd ${cap:.2f} spent ({share:.0%})")
     return share

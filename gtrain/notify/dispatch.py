@@ -119,6 +119,12 @@ def notify_job(cluster: Cluster, job: JobRecord, ctx: Context, kind: str, *, key
     marker = claim(ctx.store.home, cluster.id, job.id, key or kind)
     if marker is None:
         return None
+    from gtrain.notify.nodestart import node_claim
+
+    if node_claim(ctx, cluster, kind) is False:  # the node's own watcher sent it (docs/notify.md)
+        with contextlib.suppress(OSError):
+            marker.write_text(json.dumps({"event": kind, "sent_by": "node", "at": time.time()}), encoding="utf-8")
+        return None
     redact.register_secrets([n for n in (spec.webhook and spec.webhook.url_secret,
                                          spec.email and spec.email.smtp_secret) if n])
     outcomes = send(spec, job_event(cluster, job, ctx, kind, detail))

@@ -26,11 +26,12 @@ from typing import Any
 from gtrain import redact
 
 TITLES = {"succeeded": "succeeded", "failed": "FAILED", "cancelled": "was cancelled", "preempted": "was preempted",
-          "recovered": "recovered", "budget_80": "reached 80% of its budget", "idle_stopped": "was stopped: GPUs idle",
+          "recovered": "recovered", "budget_80": "reached 80% of its budget",
+          "budget_reached": "reached its budget", "idle_stopped": "was stopped: GPUs idle",
           "health_failed": "failed its health check", "test": "test message"}
 COLORS = {"succeeded": 0x2EB67D, "recovered": 0x2EB67D, "failed": 0xE01E5A, "health_failed": 0xE01E5A,
-          "preempted": 0xECB22E, "budget_80": 0xECB22E, "idle_stopped": 0xECB22E, "cancelled": 0x888888,
-          "test": 0x1F77B4}
+          "preempted": 0xECB22E, "budget_80": 0xECB22E, "budget_reached": 0xE01E5A, "idle_stopped": 0xECB22E,
+          "cancelled": 0x888888, "test": 0x1F77B4}
 DISCORD_CONTENT = 2000
 DISCORD_TITLE = 256
 DISCORD_DESCRIPTION = 4096

@@ -10,9 +10,10 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-EVENTS = ("succeeded", "failed", "cancelled", "preempted", "recovered", "budget_80", "idle_stopped",
-          "health_failed")
-DEFAULT_EVENTS = ["succeeded", "failed", "preempted", "recovered", "budget_80", "idle_stopped", "health_failed"]
+EVENTS = ("succeeded", "failed", "cancelled", "preempted", "recovered", "budget_80", "budget_reached",
+          "idle_stopped", "health_failed")
+DEFAULT_EVENTS = ["succeeded", "failed", "preempted", "recovered", "budget_80", "budget_reached", "idle_stopped",
+                  "health_failed"]
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _EMAIL = re.compile(r"^[^@\s,;<>]+@[^@\s,;<>]+\.[^@\s,;<>]+$")
 

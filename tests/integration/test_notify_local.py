@@ -108,9 +108,9 @@ def test_recovery_sends_preempted_then_recovered_then_succeeded(tmp_path: Path,
                                                       ["notify-rec", "succeeded"]], titles
 
 
-def test_budget_80_is_sent_once_when_the_cost_so_far_reaches_it(tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """The `fake` plug-in provider bills $0.50/h per node; a cap of $0.0001 is 80% spent within a second."""
+def test_budget_80_and_reached_are_sent_once_when_the_cost_so_far_reaches_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The `fake` plug-in provider bills $0.50/h per node; a cap of $0.0001 is spent within a second."""
     from gtrain.context import Context
     from gtrain.jobs.follow import budget_check
     from tests.fake_provider import installed
@@ -129,12 +129,12 @@ def test_budget_80_is_sent_once_when_the_cost_so_far_reaches_it(tmp_path: Path,
             ctx.store.create_job(cluster.id, "notify-budget-job", {})
             job = ctx.store.get_job("notify-budget-job")
             deadline = time.time() + 30
-            while (share := budget_check(cluster, job, ctx)) is not None and share < 0.8 and time.time() < deadline:
+            while (share := budget_check(cluster, job, ctx)) is not None and share < 1.0 and time.time() < deadline:
                 time.sleep(0.2)
-            assert share is not None and share >= 0.8
+            assert share is not None and share >= 1.0
             budget_check(cluster, job, ctx)  # again: no second message
             ctx.store.close()
         finally:
             gtrain.down("notify-budget", yes=True)
-    assert [b["event"] for b in hook.delivered] == ["budget_80"]
+    assert [b["event"] for b in hook.delivered] == ["budget_80", "budget_reached"]
     assert "policies.max_cost_usd" in hook.delivered[0]["detail"] and hook.delivered[0]["cost_usd"] is not None

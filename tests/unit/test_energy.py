@@ -119,3 +119,22 @@ def test_rapl_counters_integrate_through_a_wrap_and_stay_out_of_the_gpu_charts(t
     assert e.host_kwh == pytest.approx(2 * 30 * 20 / 3.6e6, rel=1e-3) and "RAPL" in e.note()
     assert e.carbon and e.carbon["kg_co2e"] == pytest.approx((e.kwh + e.host_kwh) * 0.07923, rel=1e-3)  # type: ignore[operator]
     assert [(g.node, g.gpu, len(g.t)) for g in read_gpus(tmp_path / "telemetry")] == [(0, 0, 3)]
+
+
+def test_top_shows_each_nodes_kwh_so_far_beside_the_watts() -> None:
+    """`gtrain top`: node 0 (8 GPUs at 300 W for 10 min = 0.4 kWh) and node 1 (RAPL only: host CPU, marked)
+    show their kWh so far in the column after the watts; a node without data shows "-", never 0."""
+    from gtrain.cli.health_cmds import TOP_COLUMNS, with_kwh
+    from gtrain.health import telemetry
+    from gtrain.health.energy import Energy, node_energy
+
+    samples = [{"t": float(t), "gpu": g, "power": 300.0, "util": 90.0} for t in range(0, 601, 10) for g in range(8)]
+    rapl = [{"t": float(t), "host": "rapl", "uj": [60 * t * 10**6], "max_uj": [10**12]}  # 60 W for 600 s
+            for t in range(0, 601, 10)]
+    doc = Energy([node_energy(0, samples), node_energy(1, rapl), node_energy(2, [])]).to_dict()
+    tele = [telemetry.NodeTelemetry(0, samples[-8:]), telemetry.NodeTelemetry(1, []), telemetry.NodeTelemetry(2, [])]
+    rows = with_kwh(telemetry.rows(tele, now=601.0), doc)
+    assert all(len(r) == len(TOP_COLUMNS) for r in rows) and TOP_COLUMNS[5:7] == ["power", "energy"]
+    assert [r[5:7] for r in rows if r[0] == 0] == [["300 W", "0.4 kWh"]] * 8
+    assert [r[6] for r in rows if r[0] == 1] == ["0.01 kWh (incl. CPU)"]  # 60 W x 600 s = 0.01 kWh
+    assert [r[6] for r in rows if r[0] == 2] == ["-"]

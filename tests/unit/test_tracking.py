@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
 from gtrain import tracking
@@ -71,6 +73,18 @@ def test_tensorboard_dir_set_and_kept_by_the_archive() -> None:
     assert tracking.env(job, "j", "c/r")["TENSORBOARD_LOGDIR"] == "runs/tb"
     cluster = SimpleNamespace(spec={"job": {"run": "t.py", "tracking": {"tensorboard": "/abs/tb"}}})
     assert _tb_dir(cluster, SimpleNamespace(root="/n")) == "/abs/tb"  # type: ignore[arg-type]
+
+
+def test_job_env_tensorboard_dir_is_refused_pointing_at_tracking_tensorboard() -> None:
+    """The old documented route (job.env.GTRAIN_TENSORBOARD_DIR) could never pass the spec's GTRAIN_* rule; the
+    archive reads job.tracking.tensorboard only, and the refusal says so."""
+    from gtrain.errors import ConfigError
+    from gtrain.runlog import archive
+
+    with pytest.raises(ConfigError) as e:
+        parse_spec({"name": "t", "job": {"run": "t.py", "env": {"GTRAIN_TENSORBOARD_DIR": "tb"}}})
+    assert "GTRAIN_TENSORBOARD_DIR" in str(e.value) and "job.tracking.tensorboard" in str(e.value)
+    assert "env" not in inspect.getsource(archive._tb_dir).replace("TENSORBOARD_DIR", "")  # no job.env path left
 
 
 def test_a_blank_tensorboard_folder_is_refused_naming_the_field() -> None:

@@ -219,7 +219,8 @@ class AWSProvider(CloudProvider):
                 self.instances.record_nodes(spec, cluster, plan, opts, reg, zone, nodes, od_price, spot_price)
                 if opts.wait_ssh:
                     self.instances.wait_ssh(cluster, opts)
-                idle_watch(spec, opts, self.runners(cluster), self.report, self.max_workers)
+                idle_watch(spec, opts, self.runners(cluster), self.report, self.max_workers, cluster=cluster,
+                           limits=self.nodes_enforce_limits)
                 return
             self._undo_region(cluster, reg, opts)
         what = f"{spec.num_nodes}x {itype} ({plan.market})"

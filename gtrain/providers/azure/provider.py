@@ -168,7 +168,8 @@ class AzureProvider(CloudProvider):
                          ssh_timeout_s=opts.ssh_timeout_s, poll_s=opts.poll_s, max_workers=self.max_workers,
                          key_source="Azure", hint="check azure.ssh_cidr / azure.ssh_proxy_command; "
                                                   "`gtrain down` removes them")
-            idle_watch(spec, opts, self.runners(cluster), self.report, self.max_workers)
+            idle_watch(spec, opts, self.runners(cluster), self.report, self.max_workers, cluster=cluster,
+                           limits=self.nodes_enforce_limits)
             return
         drop_key(cluster.id)
         attempts.fail(f"{spec.num_nodes}x {offer.instance_type} ({plan.market})",

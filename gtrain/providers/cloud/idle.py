@@ -8,13 +8,16 @@ import shlex
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from gtrain.notify.nodestart import PIDFILE
+
 if TYPE_CHECKING:
     from gtrain.events import Reporter
     from gtrain.providers.cloud.options import CloudOptions
     from gtrain.remote.base import Runner
     from gtrain.spec import ClusterSpec
+    from gtrain.state import Cluster
 
-IDLE_PIDFILE = "~/.gtrain-idle-watch.pid"
+IDLE_PIDFILE = PIDFILE  # one watcher per node
 
 
 def start_idle_watch(runners: list[Runner], idle_minutes: float, command: list[str], report: Reporter,
@@ -41,13 +44,37 @@ def start_idle_watch(runners: list[Runner], idle_minutes: float, command: list[s
 
 
 def idle_watch(spec: ClusterSpec, opts: CloudOptions, runners: list[Runner], report: Reporter,
-               max_workers: int) -> None:
-    """The last step of a cloud ``up``: the idle watch, when the spec asks for one and SSH was waited for."""
+               max_workers: int, cluster: Cluster | None = None, ranks: list[int] | None = None,
+               ends_in: dict[int, int] | None = None, limits: bool = False) -> None:
+    """The last step of a cloud ``up`` (and ``start``): the idle watch, when the spec asks for one and SSH was
+    waited for. With ``notify:`` targets the nodes can reach (webhook, e-mail), rank 0's watcher also sends
+    ``idle_stopped`` / ``budget_80`` / ``budget_reached`` itself (:mod:`gtrain.notify.nodewatch`). ``ranks``:
+    the nodes' ranks (default 0..); ``ends_in``: seconds left of each node's lifetime (default: counted from
+    the cluster's creation); ``limits``: the nodes end themselves at their lifetime (the provider's
+    ``nodes_enforce_limits``: only then does the node send the budget events)."""
+    from gtrain.notify.nodestart import start, wanted
+    from gtrain.providers.cloud.lifetime import cluster_lifetime_s
+
     minutes = spec.policies.idle_minutes
-    if not minutes:
+    life = cluster_lifetime_s(cluster) if cluster is not None and limits else None
+    sends = bool(wanted(spec)) and cluster is not None and bool(minutes or life)
+    if not minutes and not sends:
         return
     if not opts.wait_ssh:
-        report.warn("policies.idle_minutes needs SSH to the nodes to start their idle watch, and "
-                    f"{spec.provider}.wait_ssh is false: it is not enforced on this cluster")
+        report.warn("policies.idle_minutes and the nodes' own notify: need SSH to the nodes to start their watch, "
+                    f"and {spec.provider}.wait_ssh is false: neither is on for this cluster")
         return
-    start_idle_watch(runners, minutes, opts.idle_command, report, max_workers, cluster=spec.name)
+    ranks = list(range(len(runners))) if ranks is None else ranks
+    if sends and 0 in ranks and cluster is not None:
+        import time
+
+        age = max(0.0, time.time() - cluster.created_at)
+        # `start` says what is left where it re-arms the lifetime; where it does not, no budget event is sent
+        left = ends_in.get(0) if ends_in is not None else (None if life is None else int(life - age))
+        idle_s = max(1, int(minutes * 60)) if minutes else None
+        start(runners[ranks.index(0)], spec, report, idle_s=idle_s, poll_s=max(1, min(30, (idle_s or 120) // 4)),
+              command=list(opts.idle_command), life_s=life, ends_in_s=left,
+              usd_per_h=(cluster.price_per_hour or 0) * cluster.num_nodes or None, age_s=age)
+        runners = [r for r, k in zip(runners, ranks, strict=True) if k != 0]
+    if minutes and runners:
+        start_idle_watch(runners, minutes, opts.idle_command, report, max_workers, cluster=spec.name)

@@ -35,6 +35,8 @@ class CloudProvider(Provider):
     can_stop: ClassVar[bool] = True
     #: the nodes schedule their time limit at first boot only (EC2 user data): `gtrain start` re-arms it
     rearms_lifetime: ClassVar[bool] = False
+    #: rank 0 runs a watcher that sends notify: events itself (gtrain.notify.nodewatch)
+    node_watchers: ClassVar[bool] = True
 
     def __init__(self, store: StateStore, report: Reporter = SILENT, *, max_workers: int = 32) -> None:
         super().__init__(store, report)
@@ -170,9 +172,10 @@ class CloudProvider(Provider):
             self.wait_reachable(cluster)
         # the idle watch ended with the machine: each started node gets its own again
         started = {n.rank for n in todo}
-        runners = [r for n, r in zip(self.store.node_records(cluster.id), self.runners(cluster), strict=True)
-                   if n.rank in started]
-        idle_watch(spec, opts, runners, self.report, self.max_workers)
+        pairs = [(n.rank, r) for n, r in zip(self.store.node_records(cluster.id), self.runners(cluster), strict=True)
+                 if n.rank in started]
+        idle_watch(spec, opts, [r for _, r in pairs], self.report, self.max_workers, cluster=cluster,
+                   ranks=[k for k, _ in pairs], ends_in=left, limits=self.nodes_enforce_limits)
         if left and opts.wait_ssh:
             by_rank = {n.rank: r for n, r in zip(self.store.node_records(cluster.id), self.runners(cluster),
                                                  strict=True) if n.rank in started}

@@ -191,7 +191,8 @@ class GCPProvider(CloudProvider):
                 self.instances.record_nodes(spec, cluster, plan, opts, project, zone, nodes, regional)
                 if opts.wait_ssh:
                     self.instances.wait_ssh(cluster, opts, project)
-                idle_watch(spec, opts, self.runners(cluster), self.report, self.max_workers)
+                idle_watch(spec, opts, self.runners(cluster), self.report, self.max_workers, cluster=cluster,
+                           limits=self.nodes_enforce_limits)
                 return
         what = f"{spec.num_nodes}x {offer.instance_type} ({plan.market})"
         if not existing:  # nothing of this cluster runs anywhere: its firewall rules and local key go too

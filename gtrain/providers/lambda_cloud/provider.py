@@ -149,7 +149,8 @@ class LambdaProvider(CloudProvider):
                          key_source="Lambda (it publishes none)",
                          hint="check lambda.ssh_user / lambda.ssh_proxy_command and the account's firewall "
                               "rules (port 22); `gtrain down` removes the instances")
-            idle_watch(spec, opts, self.runners(cluster), self.report, self.max_workers)
+            idle_watch(spec, opts, self.runners(cluster), self.report, self.max_workers, cluster=cluster,
+                           limits=self.nodes_enforce_limits)
             return
         if not existing:
             self._undo(cluster, [], key if made_key else None)

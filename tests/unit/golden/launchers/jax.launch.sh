@@ -44,7 +44,8 @@ export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"
 export LR=0.01
 mkdir -p "$GTRAIN_CHECKPOINT_DIR"
 
-if [ "${GTRAIN_TELEMETRY:-1}" != 0 ] && { [ -n "${GTRAIN_NVIDIA_SMI:-}" ] || command -v nvidia-smi >/dev/null 2>&1; }; then
+if [ "${GTRAIN_TELEMETRY:-1}" != 0 ] && { [ -n "${GTRAIN_NVIDIA_SMI:-}" ] || command -v nvidia-smi >/dev/null 2>&1 \
+    || [ -r "${GTRAIN_RAPL_DIR:-/sys/class/powercap}/intel-rapl:0/energy_uj" ]; }; then
   mkdir -p "$JOB_DIR/telemetry"
   env -u GTRAIN_JOB_ID python3 - "$JOB_DIR/telemetry/node-$GTRAIN_NODE_RANK.jsonl" \
     "${GTRAIN_TELEMETRY_INTERVAL:-10}" "$$" "${GTRAIN_TELEMETRY_KEEP:-34560}" >/dev/null 2>"$JOB_DIR/telemetry/sampler.err" <<'__GTRAIN_TELEMETRY__' &
@@ -85,7 +86,7 @@ def host_energy():
 lines = 0
 while alive():
     try:
-        res = subprocess.run([smi, *query], capture_output=True, text=True, timeout=20).stdout
+        res = subprocess.run([smi, *query], capture_output=True, text=True, timeout=20).stdout if smi else ""
     except (OSError, subprocess.SubprocessError):
         res = ""
     now = round(time.time(), 3)
@@ -96,7 +97,7 @@ while alive():
             row = {"t": now, **{k: num(c) for k, c in zip(keys, cells)}}
             row["gpu"] = int(cells[0])
             rows.append(json.dumps(row, separators=(",", ":")) + "\n")
-    host = host_energy() if rows else None
+    host = host_energy()  # CPU-only nodes too: the host's row alone
     if host and host[0]:
         rows.append(json.dumps({"t": now, "host": "rapl", "uj": host[0], "max_uj": host[1]}) + "\n")
     with open(out, "a", encoding="utf-8") as f:
