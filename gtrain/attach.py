@@ -40,9 +40,8 @@ def write_record(ctx: Context, cluster: Cluster) -> None:
              "exit_code": j.exit_code, "info": j.info} for j in ctx.store.jobs(cluster.id)]
     body = _j({"format": 1, "cluster_id": cluster.id, "name": cluster.name, "spec": cluster.spec,
                "extra": {k: v for k, v in cluster.extra.items() if k in ("by", "base_dir")}, "jobs": jobs})
-    with contextlib.suppress(Exception):  # a scheduler's pods, a node that refuses the file: attach reads none
-        runner = ctx.runners(cluster)[0]
-        runner.write_file(f"{str(runner.root).rstrip('/')}/{RECORD}", body.encode(), 0o600)
+    with contextlib.suppress(Exception):  # a node that refuses the file: attach reads none
+        ctx.provider(cluster.provider).keep_record(cluster, body.encode())
 
 
 def read_record(runner: Runner) -> dict[str, Any] | None:
@@ -101,7 +100,7 @@ def attach(ctx: Context, name: str, provider_name: str, regions: list[str], spec
     for iv in ctx.store.intervals(cluster.id):
         if iv.stopped_at is None and iv.note is None:
             _note(ctx, iv.id, f"{RECONSTRUCTED} (from the node's launch time)")
-    record = read_record(ctx.runners(cluster)[0])
+    record = provider.read_record(cluster)
     if record is not None and record.get("cluster_id") == cluster.id:
         _adopt_jobs(ctx, cluster, record)
     ctx.store.update_cluster(cluster.id, status="up")
