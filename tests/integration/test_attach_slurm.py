@@ -12,12 +12,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import gtrain
 from gtrain.spec import parse_spec
-from tests.integration.test_slurm import _slurm_id, cli, slurm_spec, write, wait_ranks
+from tests.integration.test_slurm import _slurm_id, cli, slurm_spec, wait_ranks, write
 
 
-def test_attach_slurm_after_the_home_is_gone(slurm_cluster: Any, tmp_path: Path) -> None:
+def test_attach_slurm_after_the_home_is_gone(slurm_cluster: Any, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
     spec = slurm_spec(slurm_cluster, tmp_path, "sl-attach", "slurm_train.py --steps 200 --step-s 0.5")
     path = write(tmp_path, spec)
     gtrain.up(parse_spec(spec))
@@ -25,30 +28,27 @@ def test_attach_slurm_after_the_home_is_gone(slurm_cluster: Any, tmp_path: Path)
     sid = _slurm_id(job_id)
     wait_ranks(job_id)
     shutil.rmtree(os.environ["GTRAIN_HOME"])  # the laptop is gone
-    b = {"GTRAIN_HOME": str(tmp_path / "b"), "NO_COLOR": "1"}
-    try:
-        res = cli("attach", "sl-attach", path, "--provider", "slurm", "--json", env=b)
-        assert res.returncode == 0, res.stdout + res.stderr
-        got = json.loads(res.stdout)
-        assert got["jobs"] == [job_id] and got["num_nodes"] == 2
-        res = cli("status", "sl-attach", "--json", env=b)
-        assert res.returncode == 0, res.stderr
-        assert [j["status"] for j in json.loads(res.stdout)["jobs"]] == ["running"], res.stdout
+    monkeypatch.setenv("GTRAIN_HOME", str(tmp_path / "b"))
+    res = cli("attach", "sl-attach", path, "--provider", "slurm", "--json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    got = json.loads(res.stdout)
+    assert got["jobs"] == [job_id] and got["num_nodes"] == 2
+    try:  # the rest in this process, from the home the attach made
+        assert [j["status"] for j in gtrain.status("sl-attach")[0]["jobs"]] == ["running"]
         ckpt = slurm_cluster.shared / "gtrain" / "sl-attach" / "workdir" / "checkpoints" / "state.json"
         deadline = time.monotonic() + 60
         while not ckpt.exists():
             assert time.monotonic() < deadline
             time.sleep(0.2)
-        res = cli("cancel", "sl-attach", env=b)
-        assert res.returncode == 0, res.stdout + res.stderr
+        gtrain.cancel("sl-attach")
         assert [j for j in slurm_cluster.jobs() if j.startswith(f"{sid} ")] == [f"{sid} CANCELLED {job_id}"]
-        res = cli("logs", "sl-attach", "-f", env=b)
-        assert "slurm rank 3/4" in res.stdout + res.stderr, res.stdout[-2000:] + res.stderr[-2000:]
-        res = cli("pull", "sl-attach", "--to", str(tmp_path / "pulled"), env=b)
-        assert res.returncode == 0, res.stdout + res.stderr
+        lines: list[str] = []
+        final = gtrain.logs("sl-attach", follow=True, on_line=lambda ln: lines.append(ln.text))
+        assert final.status == "cancelled" and any("slurm rank 3/4" in t for t in lines), lines[-20:]
+        gtrain.pull("sl-attach", to=tmp_path / "pulled")
         assert json.loads((tmp_path / "pulled" / "state.json").read_text())["step"] >= 1
     finally:
-        res = cli("down", "sl-attach", env=b)
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert "reconstructed by `gtrain attach`" in res.stdout, res.stdout
+        down = gtrain.down("sl-attach")
+    assert len(down.cost.lines) == 2 and all((ln.note or "").startswith("reconstructed by gtrain attach")
+                                             for ln in down.cost.lines)
     assert not (slurm_cluster.shared / "gtrain" / "sl-attach").exists()
