@@ -13,9 +13,8 @@ def register(app: typer.Typer) -> None:
 
 
 def attach(
-    name: str = typer.Argument(..., metavar="NAME", help="The cluster's name (its gtrain:cluster-name tag / label, its Slurm "
-                               "folder).",
-                               show_default=False),
+    name: str = typer.Argument(..., metavar="NAME", show_default=False,
+                               help="The cluster's name (its gtrain:cluster-name tag / label, its Slurm folder)."),
     spec: str = typer.Argument(None, metavar="[SPEC]", help="The spec it was made from (how its nodes, login node or "
                                "namespace are reached); default: the one node 0 keeps."),
     provider: str = typer.Option(..., "--provider", metavar="P", help="aws, gcp, slurm or kubernetes.",

@@ -43,8 +43,8 @@ def find_by_name(p: KubernetesProvider, spec: ClusterSpec, namespaces: list[str]
         for m in maps:
             data, meta = m.get("data") or {}, m.get("metadata") or {}
             cid = str(data.get("cluster_id") or "")
-            if (data.get("cluster") == spec.name and cid and (meta.get("labels") or {}).get(ko.LABEL_CLUSTER) == cid[:63]
-                    and meta.get("name") == ko.anchor_name(spec.name, cid)):
+            labelled = bool(cid) and (meta.get("labels") or {}).get(ko.LABEL_CLUSTER) == cid[:63]
+            if labelled and data.get("cluster") == spec.name and meta.get("name") == ko.anchor_name(spec.name, cid):
                 found.setdefault(cid, ns)
     if len(found) > 1:
         raise ConfigError(f"more than one cluster named {spec.name!r} has objects: {sorted(found)}", field="NAME",
