@@ -16,7 +16,10 @@ from pathlib import Path
 import pytest
 
 import gtrain
-from gtrain.errors import GtrainError
+from gtrain.attach import attach
+from gtrain.context import Context
+from gtrain.errors import ConfigError, GtrainError
+from gtrain.spec import load_spec
 from tests.fixtures.fake_kube import FakeKube
 from tests.integration.test_kubernetes import kube, spec
 
@@ -27,6 +30,13 @@ def test_attach_kubernetes_after_the_home_is_gone(kube: FakeKube, tmp_path: Path
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig(tmp_path / "kubeconfig")))
     path = spec(tmp_path, "k8s-attach", "slurm_train.py --steps 200 --step-s 0.3", gpus=1)
+    ctx = Context()
+    try:  # nothing of that name in the namespace yet: one message, exit 2, nothing recorded
+        with pytest.raises(ConfigError, match="no live kubernetes resources tagged as cluster 'k8s-attach'"):
+            attach(ctx, "k8s-attach", "kubernetes", [], load_spec(path))
+        assert ctx.store.list_clusters(include_terminated=True) == []
+    finally:
+        ctx.store.close()
     gtrain.up(path)
     job_id = gtrain.launch(path).job_id
     shutil.rmtree(os.environ["GTRAIN_HOME"])  # the laptop is gone
