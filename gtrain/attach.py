@@ -3,9 +3,10 @@
 The provider finds the cluster by its resources' tags / labels (``Provider.find_by_name``) and records its
 resources and nodes (``Provider.adopt``), as a resumed ``up`` would; the core makes the cluster's row under the
 id the tags carry (so ``down`` and ``gc`` agree with it), opens one cost interval per node from the node's
-launch time, marked as reconstructed, and reads the record ``launch`` leaves on node 0
-(``<root>/gtrain-record.json``: the cluster's spec and its jobs, nothing secret) to rebuild the jobs, so that
-``status``, ``logs -f``, ``pull``, ``cancel`` and ``down`` work from here.
+launch time, marked as reconstructed, and reads the record ``launch`` keeps through the provider
+(``Provider.keep_record`` / ``read_record``: node 0's ``<root>/gtrain-record.json`` by default, a scheduler's
+shared folder, kubernetes' anchor ConfigMap; the cluster's spec and its jobs, nothing secret) to rebuild the
+jobs, so that ``status``, ``logs -f``, ``pull``, ``cancel`` and ``down`` work from here.
 
 The spec: the one given (the team's file: it says how the nodes are reached), else the one node 0's record
 keeps, else the least the provider needs (name, provider, num_nodes from the tags).
@@ -32,8 +33,8 @@ _MAX_RECORD = 4 << 20
 
 
 def write_record(ctx: Context, cluster: Cluster) -> None:
-    """After a launch: node 0 keeps the cluster's spec and its jobs for a later ``gtrain attach`` (best effort:
-    a node that cannot take the file does not fail the launch)."""
+    """After a launch: the provider keeps the cluster's spec and its jobs for a later ``gtrain attach`` (best
+    effort: a node or an API that refuses the record does not fail the launch)."""
     from gtrain.state import _j
 
     jobs = [{"id": j.id, "status": j.status, "created_at": j.created_at, "ended_at": j.ended_at,
