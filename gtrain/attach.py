@@ -3,9 +3,10 @@
 The provider finds the cluster by its resources' tags / labels (``Provider.find_by_name``) and records its
 resources and nodes (``Provider.adopt``), as a resumed ``up`` would; the core makes the cluster's row under the
 id the tags carry (so ``down`` and ``gc`` agree with it), opens one cost interval per node from the node's
-launch time, marked as reconstructed, and reads the record ``launch`` leaves on node 0
-(``<root>/gtrain-record.json``: the cluster's spec and its jobs, nothing secret) to rebuild the jobs, so that
-``status``, ``logs -f``, ``pull``, ``cancel`` and ``down`` work from here.
+launch time, marked as reconstructed, and reads the record ``launch`` keeps through the provider
+(``Provider.keep_record`` / ``read_record``: node 0's ``<root>/gtrain-record.json`` by default, a scheduler's
+shared folder, kubernetes' anchor ConfigMap; the cluster's spec and its jobs, nothing secret) to rebuild the
+jobs, so that ``status``, ``logs -f``, ``pull``, ``cancel`` and ``down`` work from here.
 
 The spec: the one given (the team's file: it says how the nodes are reached), else the one node 0's record
 keeps, else the least the provider needs (name, provider, num_nodes from the tags).
@@ -32,17 +33,16 @@ _MAX_RECORD = 4 << 20
 
 
 def write_record(ctx: Context, cluster: Cluster) -> None:
-    """After a launch: node 0 keeps the cluster's spec and its jobs for a later ``gtrain attach`` (best effort:
-    a node that cannot take the file does not fail the launch)."""
+    """After a launch: the provider keeps the cluster's spec and its jobs for a later ``gtrain attach`` (best
+    effort: a node or an API that refuses the record does not fail the launch)."""
     from gtrain.state import _j
 
     jobs = [{"id": j.id, "status": j.status, "created_at": j.created_at, "ended_at": j.ended_at,
              "exit_code": j.exit_code, "info": j.info} for j in ctx.store.jobs(cluster.id)]
     body = _j({"format": 1, "cluster_id": cluster.id, "name": cluster.name, "spec": cluster.spec,
                "extra": {k: v for k, v in cluster.extra.items() if k in ("by", "base_dir")}, "jobs": jobs})
-    with contextlib.suppress(Exception):  # a scheduler's pods, a node that refuses the file: attach reads none
-        runner = ctx.runners(cluster)[0]
-        runner.write_file(f"{str(runner.root).rstrip('/')}/{RECORD}", body.encode(), 0o600)
+    with contextlib.suppress(Exception):  # a node that refuses the file: attach reads none
+        ctx.provider(cluster.provider).keep_record(cluster, body.encode())
 
 
 def read_record(runner: Runner) -> dict[str, Any] | None:
@@ -101,7 +101,7 @@ def attach(ctx: Context, name: str, provider_name: str, regions: list[str], spec
     for iv in ctx.store.intervals(cluster.id):
         if iv.stopped_at is None and iv.note is None:
             _note(ctx, iv.id, f"{RECONSTRUCTED} (from the node's launch time)")
-    record = read_record(ctx.runners(cluster)[0])
+    record = provider.read_record(cluster)
     if record is not None and record.get("cluster_id") == cluster.id:
         _adopt_jobs(ctx, cluster, record)
     ctx.store.update_cluster(cluster.id, status="up")

@@ -36,9 +36,9 @@ def cost(
         moved = [m["from_provider"] for m in (r.placement or {}).get("moves") or []]
         rows.append([r.cluster, "→".join([*moved, r.provider]), r.status, out.fmt_time(start), out.fmt_time(stop),
                      f"{r.node_hours:.4f}", len(r.recoveries) or "-",
-                     out.fmt_usd(r.total_usd) + ("*" if r.estimate else "")])
-    out.table("cost history", ["cluster", "provider", "status", "start", "stop", "node-hours", "recoveries", "$"],
-              rows)
+                     out.fmt_usd(r.total_usd) + ("*" if r.estimate else ""), r.by or "-"])
+    out.table("cost history", ["cluster", "provider", "status", "start", "stop", "node-hours", "recoveries", "$",
+                               "started by"], rows)
     total = sum(r.total_usd for r in reports)
     out.say(f"total: {out.fmt_usd(total)}" + ("  (* estimate)" if any(r.estimate for r in reports) else ""))
     for r in reports:

@@ -235,6 +235,10 @@ def cost_table(report: Any) -> None:
     table(f"cost of {report.cluster} ({report.provider})",
           ["node", "instance type", "market", "start", "stop", "hours", "$/h", "$"], rows)
     placement_table(getattr(report, "placement", None))
+    by = getattr(report, "by", None)
+    if by:
+        others = getattr(report, "launched_by", None) or []
+        say(f"started by {by}" + (f"; jobs launched by {', '.join(others)}" if others else ""))
     rebuilt = [ln.node_rank for ln in report.lines if (ln.note or "").startswith("reconstructed by gtrain attach")]
     if rebuilt:
         say(f"node(s) {rebuilt}: intervals reconstructed by `gtrain attach` from the nodes' launch times")

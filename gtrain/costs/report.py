@@ -39,6 +39,10 @@ class CostReport:
     placement: dict[str, Any] | None = None
     #: kWh of the cluster's jobs from their kept GPU telemetry (gtrain.health.energy; ``kwh`` None: no data)
     energy: dict[str, Any] | None = None
+    #: who started the cluster (gtrain.identity: user@host or the CI run's URL); None in records made before
+    by: str | None = None
+    #: who launched its jobs, when other than ``by`` (a CI job, a colleague), in launch order
+    launched_by: list[str] = field(default_factory=list)
 
     @property
     def recovery_summary(self) -> dict[str, Any]:
@@ -67,7 +71,7 @@ class CostReport:
             "estimate": self.estimate, "lines": [asdict(line) for line in self.lines],
             "recovery": self.recovery_summary, "recoveries": self.recoveries,
             "placement": {k: v for k, v in self.placement.items() if k != "spec"} if self.placement else None,
-            "energy": self.energy,
+            "energy": self.energy, "by": self.by, "launched_by": self.launched_by,
         }
 
 
@@ -95,6 +99,9 @@ def cluster_cost(store: StateStore, cluster: Cluster, provider: Provider, *, per
             price_per_hour=iv.price_per_hour, cost_usd=round(cost, 6), estimate=estimate, note=note,
         ))
     report.placement = cluster.extra.get("any_of")
+    report.by = str(cluster.extra["by"]) if cluster.extra.get("by") else None
+    report.launched_by = list(dict.fromkeys(str(j.info["by"]) for j in store.jobs(cluster.id)
+                                            if j.info.get("by") and j.info["by"] != report.by))
     report.energy = cluster_energy(store, cluster)
     report.recoveries = [{"job": j.id, **r} for j in store.jobs(cluster.id) for r in j.info.get("recoveries") or []]
     return report

@@ -180,13 +180,29 @@ class Provider(ABC):
         """``gtrain attach``: (cluster id, region) of the live cluster named ``spec.name``, found by its
         resources' tags or labels; None when nothing of it runs. Default: this provider cannot attach."""
         raise ConfigError(f"gtrain attach: provider {self.name} cannot rebuild a cluster from tags",
-                          field="--provider", hint="attach knows aws and gcp; `gtrain gc` lists what tags say")
+                          field="--provider",
+                          hint="attach knows aws, gcp, slurm and kubernetes; `gtrain gc` lists what tags say")
 
     def adopt(self, spec: ClusterSpec, cluster: Cluster, plan: Plan, region: str | None) -> None:
         """``gtrain attach``: record the resources and the nodes (``store.put_node``) of ``cluster``, whose
         row the core made with the id :meth:`find_by_name` gave, and make the nodes reachable."""
         raise ConfigError(f"gtrain attach: provider {self.name} cannot rebuild a cluster from tags",
                           field="--provider")
+
+    def keep_record(self, cluster: Cluster, body: bytes) -> None:
+        """After a launch: keep ``gtrain attach``'s record (the cluster's spec and jobs, nothing secret) where
+        another machine can read it. Default: ``gtrain-record.json`` in node 0's root (a scheduler's shared
+        folder included); a provider whose nodes do not outlive their jobs keeps it in its own object."""
+        from gtrain.attach import RECORD
+
+        runner = self.runners(cluster)[0]
+        runner.write_file(f"{str(runner.root).rstrip('/')}/{RECORD}", body, 0o600)
+
+    def read_record(self, cluster: Cluster) -> dict[str, Any] | None:
+        """``gtrain attach``: the record :meth:`keep_record` kept, or None (none, unreadable)."""
+        from gtrain.attach import read_record
+
+        return read_record(self.runners(cluster)[0])
 
     def quota_check(self, spec: ClusterSpec, plan: Plan) -> str | None:
         """Why the account's quota cannot hold ``plan`` (read-only, before anything is made), or None when it

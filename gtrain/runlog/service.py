@@ -32,12 +32,14 @@ def _ctx(report: Reporter | None) -> Context:
 def _cluster_dict(c: Cluster) -> dict[str, Any]:
     return {"id": c.id, "name": c.name, "provider": c.provider, "status": c.status, "num_nodes": c.num_nodes,
             "instance_type": c.instance_type, "region": c.region, "market": c.market, "spec": c.spec,
-            "created_at": c.created_at, "terminated_at": c.terminated_at, "price_per_hour": c.price_per_hour}
+            "created_at": c.created_at, "terminated_at": c.terminated_at, "price_per_hour": c.price_per_hour,
+            "by": c.extra.get("by")}
 
 
 def _job_dict(j: Job) -> dict[str, Any]:
     return {"id": j.id, "status": j.status, "exit_code": j.exit_code, "created_at": j.created_at,
-            "ended_at": j.ended_at, "run": j.info.get("run"), "tracking": j.info.get("tracking_links") or {}}
+            "ended_at": j.ended_at, "run": j.info.get("run"), "tracking": j.info.get("tracking_links") or {},
+            "by": j.info.get("by")}
 
 
 def refresh(ctx: Context, cluster: Cluster, job: Job, *, logs: bool = False) -> None:

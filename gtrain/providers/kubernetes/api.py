@@ -63,6 +63,11 @@ def translate(exc: BaseException, doing: str, namespace: str) -> BaseException:
     if isinstance(exc, httpx2.HTTPError):
         return ProviderError(f"kubernetes: {doing}: cannot reach the API server: {exc}",
                              hint="check the kubeconfig's server address and your network")
+    from httpx2.websockets import WebSocketNetworkError
+
+    if isinstance(exc, WebSocketNetworkError):  # an exec stream cut (pods/exec), e.g. while its pod ends
+        return ProviderError(f"kubernetes: {doing}: the exec stream broke ({type(exc).__name__})",
+                             hint="run it again; `gtrain status` says whether the pod still runs")
     return exc
 
 

@@ -265,6 +265,27 @@ class KubernetesProvider(Provider):
         for res in self.store.resources(cluster.id, live_only=True):
             self.store.mark_resource(res.id, "deleted")
 
+    def find_by_name(self, spec: ClusterSpec, regions: list[str]) -> tuple[str, str | None] | None:
+        from gtrain.providers.kubernetes.adopt import find_by_name
+
+        return find_by_name(self, spec, regions)
+
+    def adopt(self, spec: ClusterSpec, cluster: Cluster, plan: Plan, region: str | None) -> None:
+        from gtrain.providers.kubernetes.adopt import adopt
+
+        adopt(self, spec, cluster, region)
+
+    def keep_record(self, cluster: Cluster, body: bytes) -> None:
+        """In the cluster's anchor ConfigMap: a pod's files end with the pod."""
+        from gtrain.providers.kubernetes.adopt import keep_record
+
+        keep_record(self, cluster, body)
+
+    def read_record(self, cluster: Cluster) -> dict[str, Any] | None:
+        from gtrain.providers.kubernetes.adopt import read_record
+
+        return read_record(self, cluster)
+
     def runners(self, cluster: Cluster) -> list[Runner]:
         """Node K's runner execs in its running pod (pods/exec); pods' disks are ephemeral: checkpoints leave
         through job.checkpoint_store (or a volume)."""

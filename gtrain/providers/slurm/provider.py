@@ -40,6 +40,13 @@ def gres_gpus(gres: str) -> tuple[str | None, int]:
     return best
 
 
+def shared_where(opts: SlurmOptions) -> str:
+    """``slurm.shared_dir`` as a shell word (``~`` is the login user's home)."""
+    shared = opts.shared_dir or "~"
+    rest = shared[1:].lstrip("/") if shared.startswith("~") else None
+    return f'"$HOME"/{shlex.quote(rest)}' if rest else '"$HOME"' if rest is not None else shlex.quote(shared)
+
+
 class SlurmProvider(Provider):
     name = "slurm"
 
@@ -162,8 +169,7 @@ class SlurmProvider(Provider):
         slurm = Slurm(probe_runner, opts.conf)
         self.check_cluster(spec, opts, slurm)
         shared = opts.shared_dir or "~"
-        rest = shared[1:].lstrip("/") if shared.startswith("~") else None
-        where = f'"$HOME"/{shlex.quote(rest)}' if rest else '"$HOME"' if rest is not None else shlex.quote(shared)
+        where = shared_where(opts)
         sub = f"gtrain/{cluster.name}"
         rid = self.store.record_resource(cluster.id, "slurm-dir", f"{opts.login or 'local'}:{shared}/{sub}")
         root = probe_runner.check(f"mkdir -p {where}/{sub}/workdir {where}/{sub}/jobs && cd {where}/{sub} && pwd -P")
@@ -180,9 +186,7 @@ class SlurmProvider(Provider):
         finally:
             probe_runner.run(f"rm -f {shlex.quote(probe)}", check=False)
         self.report.info(f"slurm accepts the request: {said.splitlines()[-1] if said else 'ok'}")
-        extra = {**cluster.extra, "slurm": {"root": root, "login": opts.login, "conf": opts.conf,
-                                            "python": opts.python, "login_identity_file": opts.login_identity_file,
-                                            "partition": opts.partition, "keep_files": bool(raw.get("keep_files"))}}
+        extra = {**cluster.extra, "slurm": self.login_info(opts, root)}
         if opts.hold:
             from gtrain.providers.slurm.hold import take_allocation
 
@@ -193,6 +197,23 @@ class SlurmProvider(Provider):
             self.store.upsert_node(cluster.id, k, status="up", address=opts.partition or "default",
                                    instance_id=f"slurm:{opts.partition or 'default'}/node-{k}", meta={"root": root})
         self.report.info(f"slurm cluster recorded: jobs live in {root}")
+
+    @staticmethod
+    def login_info(opts: SlurmOptions, root: str) -> dict[str, Any]:
+        """What the cluster's record keeps of its slurm section (how the login side is reached; no secret)."""
+        return {"root": root, "login": opts.login, "conf": opts.conf, "python": opts.python,
+                "login_identity_file": opts.login_identity_file, "partition": opts.partition,
+                "keep_files": bool(opts.keep_files)}
+
+    def find_by_name(self, spec: ClusterSpec, regions: list[str]) -> tuple[str, str | None] | None:
+        from gtrain.providers.slurm.adopt import find_by_name
+
+        return find_by_name(self, spec)
+
+    def adopt(self, spec: ClusterSpec, cluster: Cluster, plan: Plan, region: str | None) -> None:
+        from gtrain.providers.slurm.adopt import adopt
+
+        adopt(self, spec, cluster)
 
     def check_cluster(self, spec: ClusterSpec, opts: SlurmOptions, slurm: Slurm) -> None:
         """sinfo answers, the partition exists and has num_nodes usable nodes with the GPUs asked."""
@@ -263,8 +284,9 @@ class SlurmProvider(Provider):
                     break
                 time.sleep(0.2)
         for res in self.store.resources(cluster.id, live_only=True):
-            if not info.get("keep_files"):
-                self.login_runner(cluster).run(f"rm -rf {shlex.quote(str(info['root']))}", check=False)
+            # kept files keep no attach record: `gtrain attach` must not adopt a cluster that is down
+            gone = str(info["root"]) if not info.get("keep_files") else f"{info['root']}/gtrain-record.json"
+            self.login_runner(cluster).run(f"rm -rf {shlex.quote(gone)}", check=False)
             self.store.mark_resource(res.id, "deleted")
 
     def runners(self, cluster: Cluster) -> list[Runner]:
