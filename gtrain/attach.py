@@ -15,21 +15,16 @@ keeps, else the least the provider needs (name, provider, num_nodes from the tag
 from __future__ import annotations
 
 import contextlib
-import json
-import shlex
 import time
 from typing import TYPE_CHECKING, Any
 
-from gtrain.errors import ConfigError, GtrainError
+from gtrain.errors import ConfigError
 
 if TYPE_CHECKING:
     from gtrain.context import Context
-    from gtrain.remote.base import Runner
     from gtrain.spec import ClusterSpec
     from gtrain.state import Cluster
 
-RECORD = "gtrain-record.json"
-_MAX_RECORD = 4 << 20
 
 
 def write_record(ctx: Context, cluster: Cluster) -> None:
@@ -43,21 +38,6 @@ def write_record(ctx: Context, cluster: Cluster) -> None:
                "extra": {k: v for k, v in cluster.extra.items() if k in ("by", "base_dir")}, "jobs": jobs})
     with contextlib.suppress(Exception):  # a node that refuses the file: attach reads none
         ctx.provider(cluster.provider).keep_record(cluster, body.encode())
-
-
-def read_record(runner: Runner) -> dict[str, Any] | None:
-    try:
-        res = runner.run(f"head -c {_MAX_RECORD} {shlex.quote(str(runner.root).rstrip('/') + '/' + RECORD)}",
-                         timeout=60, check=False)
-    except (GtrainError, OSError):
-        return None
-    if res.rc != 0:
-        return None
-    try:
-        doc = json.loads(res.stdout)
-    except ValueError:
-        return None
-    return doc if isinstance(doc, dict) else None
 
 
 def attach(ctx: Context, name: str, provider_name: str, regions: list[str], spec: ClusterSpec | None,

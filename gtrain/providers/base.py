@@ -8,12 +8,14 @@ SDK exceptions are translated into :mod:`gtrain.errors` in one place per provide
 
 from __future__ import annotations
 
+import json
 import math
+import shlex
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from gtrain.errors import ConfigError
+from gtrain.errors import ConfigError, GtrainError
 from gtrain.events import SILENT, Reporter
 
 if TYPE_CHECKING:  # kept off the import path of `gtrain status` (pydantic, runners)
@@ -22,6 +24,10 @@ if TYPE_CHECKING:  # kept off the import path of `gtrain status` (pydantic, runn
     from gtrain.remote.base import Runner
     from gtrain.spec import ClusterSpec
     from gtrain.state import Cluster, CostInterval, StateStore
+
+#: ``gtrain attach``'s record (the cluster's spec and jobs, nothing secret), kept by :meth:`Provider.keep_record`
+RECORD = "gtrain-record.json"
+_MAX_RECORD = 4 << 20
 
 
 @dataclass
@@ -193,16 +199,22 @@ class Provider(ABC):
         """After a launch: keep ``gtrain attach``'s record (the cluster's spec and jobs, nothing secret) where
         another machine can read it. Default: ``gtrain-record.json`` in node 0's root (a scheduler's shared
         folder included); a provider whose nodes do not outlive their jobs keeps it in its own object."""
-        from gtrain.attach import RECORD
-
         runner = self.runners(cluster)[0]
         runner.write_file(f"{str(runner.root).rstrip('/')}/{RECORD}", body, 0o600)
 
     def read_record(self, cluster: Cluster) -> dict[str, Any] | None:
         """``gtrain attach``: the record :meth:`keep_record` kept, or None (none, unreadable)."""
-        from gtrain.attach import read_record
-
-        return read_record(self.runners(cluster)[0])
+        runner = self.runners(cluster)[0]
+        try:
+            res = runner.run(f"head -c {_MAX_RECORD} {shlex.quote(str(runner.root).rstrip('/') + '/' + RECORD)}",
+                             timeout=60, check=False)
+        except (GtrainError, OSError):
+            return None
+        try:
+            doc = json.loads(res.stdout) if res.rc == 0 else None
+        except ValueError:
+            return None
+        return doc if isinstance(doc, dict) else None
 
     def quota_check(self, spec: ClusterSpec, plan: Plan) -> str | None:
         """Why the account's quota cannot hold ``plan`` (read-only, before anything is made), or None when it

@@ -14,7 +14,7 @@ import shlex
 from typing import TYPE_CHECKING, Any
 
 from gtrain.errors import ConfigError
-from gtrain.providers.slurm.options import parse_options
+from gtrain.providers.slurm.options import parse_options, shared_where
 
 if TYPE_CHECKING:
     from gtrain.providers.slurm.provider import SlurmProvider
@@ -35,7 +35,6 @@ def _login_side(p: SlurmProvider, spec: ClusterSpec) -> tuple[Runner, Any]:
 
 def _folder(p: SlurmProvider, spec: ClusterSpec, runner: Runner) -> tuple[str | None, dict[str, Any] | None]:
     """(the cluster's folder, resolved; its attach record) on the shared filesystem; (None, None) if no folder."""
-    from gtrain.providers.slurm.provider import shared_where
 
     sub = shlex.quote(f"gtrain/{spec.name}")
     res = runner.run(f"cd {shared_where(parse_options(spec))}/{sub} 2>/dev/null && pwd -P && "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -140,3 +141,10 @@ def parse_options(spec: ClusterSpec) -> SlurmOptions:
         raise ConfigError("job.data: not supported on provider slurm yet",
                           hint="put the data under slurm.shared_dir and point the job at it", field="job.data")
     return opts
+
+
+def shared_where(opts: SlurmOptions) -> str:
+    """``slurm.shared_dir`` as a shell word (``~`` is the login user's home)."""
+    shared = opts.shared_dir or "~"
+    rest = shared[1:].lstrip("/") if shared.startswith("~") else None
+    return f'"$HOME"/{shlex.quote(rest)}' if rest else '"$HOME"' if rest is not None else shlex.quote(shared)

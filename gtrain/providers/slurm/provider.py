@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from gtrain.errors import ConfigError
 from gtrain.providers.base import IntervalCost, NodeStatus, Plan, Provider
-from gtrain.providers.slurm.options import SlurmOptions, parse_options
+from gtrain.providers.slurm.options import SlurmOptions, parse_options, shared_where
 
 if TYPE_CHECKING:
     from gtrain.jobs.backend import JobBackend
@@ -38,13 +38,6 @@ def gres_gpus(gres: str) -> tuple[str | None, int]:
         if int(m.group(2)) > best[1]:
             best = (m.group(1), int(m.group(2)))
     return best
-
-
-def shared_where(opts: SlurmOptions) -> str:
-    """``slurm.shared_dir`` as a shell word (``~`` is the login user's home)."""
-    shared = opts.shared_dir or "~"
-    rest = shared[1:].lstrip("/") if shared.startswith("~") else None
-    return f'"$HOME"/{shlex.quote(rest)}' if rest else '"$HOME"' if rest is not None else shlex.quote(shared)
 
 
 class SlurmProvider(Provider):
