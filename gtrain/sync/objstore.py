@@ -135,6 +135,12 @@ def make_backend(url: RemoteURL, *, fld: str, client_factory: Callable[[], Any] 
     if url.scheme == "az":
         from gtrain.sync.azure import AzureBackend
 
+        if client is None:  # the compiled engine where it serves this environment (gtrain.sync.azfast)
+            from gtrain.sync import azfast
+
+            if azfast.usable():
+                return azfast.ObstoreAzureBackend(fld=fld, workers=workers, multipart_threshold=multipart_threshold,
+                                                  part_size=part_size)
         return AzureBackend(client, fld=fld, workers=workers, multipart_threshold=multipart_threshold,
                             part_size=part_size)
     if url.scheme == "s3":
