@@ -190,7 +190,8 @@ class ObstoreAzureBackend(AzureBackend):
                 raise AssertionError("unreachable")  # pragma: no cover
             head = self.head(url, obj.key)
             if head is None or head.version != obj.version:
-                raise SyncError(f"{where} changed or disappeared during the sync", hint="re-run to sync what is there now")
+                raise SyncError(f"{where} changed or disappeared during the sync",
+                                hint="re-run to sync what is there now")
             store = self._store(url.bucket)
 
             def fetch(first: int, last: int) -> bytes:
