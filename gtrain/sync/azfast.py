@@ -214,6 +214,7 @@ class ObstoreAzureBackend(AzureBackend):
 
         sha, md5 = hashlib.sha256(), hashlib.md5(usedforsecurity=False)
         got = 0
+        r = None
         try:
             r = obstore.get(self._store(url.bucket), obj.key, options={"if_match": f'"{obj.version}"'})
             with open(dest, "wb") as f:
@@ -225,7 +226,7 @@ class ObstoreAzureBackend(AzureBackend):
                     got += len(mv)
                     progress(len(mv))
         except Exception as e:
-            if got == 0 or (isinstance(e, OSError) and e.filename is not None):  # the GET itself, or our file
+            if r is None or (isinstance(e, OSError) and e.filename is not None):  # the GET itself, or our file
                 raise
             progress(-got)  # the body broke mid-way: the caller fetches it again from the start
             raise azwire.AzureWireError(0, "StreamBroken", f"download broke ({type(e).__name__}): {e}",
