@@ -193,12 +193,6 @@ class Wire:
                 rr.close()
 
 
-def is_urllib3_error(e: Exception) -> bool:
-    import urllib3
-
-    return isinstance(e, urllib3.exceptions.HTTPError)
-
-
 def status_error(method: str, url: str, resp: Response) -> Exception:
     """The google.api_core exception for an error status, wrapped for :meth:`Wire.call` where it calls for
     another try (a 401 was already answered by one credentials refresh in ``AuthorizedHttp``)."""
