@@ -31,11 +31,14 @@ def _venv(tmp_path: Path, wheel: Path, extra: str, *, preinstalled: tuple[str, .
     v = tmp_path / f"venv-{extra}"
     if v.exists():
         return v
-    subprocess.run([sys.executable, "-m", "venv", str(v)], check=True, timeout=120)
+    # no pip inside (ensurepip costs seconds): the test environment's pip installs into it (--python), with
+    # no .pyc compiled ahead (most of pip's CPU time for botocore & co.; imports compile what they need)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(v)], check=True, timeout=120)
     for name in preinstalled:
         _link_distribution(name, v)
-    r = subprocess.run([str(v / "bin" / "pip"), "install", "-q", "--disable-pip-version-check",
-                        f"{wheel}[{extra}]"], capture_output=True, text=True, timeout=600)
+    r = subprocess.run([sys.executable, "-m", "pip", "--python", str(v / "bin" / "python"), "install", "-q",
+                        "--disable-pip-version-check", "--no-compile", f"{wheel}[{extra}]"],
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     return v
 
