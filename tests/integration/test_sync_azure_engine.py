@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gtrain.errors import SyncError
+from gtrain.errors import CredentialsError, SyncError
 from gtrain.sync.azfast import ObstoreAzureBackend
 from gtrain.sync.azure import AzureBackend
 from gtrain.sync.objstore import make_backend, parse_location, sync
@@ -120,3 +120,31 @@ def test_obstore_refetches_a_cut_body_rides_out_busy_and_keeps_nothing_partial(
         assert not (dst / "always.bin").exists() and leftovers(dst) == []
     finally:
         relay.close()
+
+
+def test_a_sas_token_alone_syncs_on_obstore(tmp_path: Path, container: str, azurite: Azurite,  # noqa: F811
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """AZURE_STORAGE_ACCOUNT + AZURE_STORAGE_SAS_TOKEN (a container SAS made with azure-storage-blob), no key."""
+    import datetime
+
+    from azure.storage.blob import ContainerSasPermissions, generate_container_sas
+
+    sas = generate_container_sas(ACCOUNT, container, account_key=KEY,
+                                 permission=ContainerSasPermissions(read=True, write=True, delete=True, list=True),
+                                 expiry=datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1))
+    monkeypatch.delenv("AZURE_STORAGE_CONNECTION_STRING", raising=False)
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT", ACCOUNT)
+    monkeypatch.setenv("AZURE_STORAGE_SAS_TOKEN", sas)
+    monkeypatch.setenv("AZURE_STORAGE_BLOB_ENDPOINT", azurite.endpoint)
+    assert type(_backend(f"az://{container}/sas")) is ObstoreAzureBackend
+    src = tmp_path / "src"
+    src.mkdir()
+    files = {"a.bin": os.urandom(1000), "b.txt": b"b"}
+    for rel, data in files.items():
+        (src / rel).write_bytes(data)
+    assert sync(str(src), f"az://{container}/sas").uploaded == 2
+    assert sync(f"az://{container}/sas", str(tmp_path / "dst")).downloaded == 2
+    assert read_tree(tmp_path / "dst") == files
+    monkeypatch.setenv("AZURE_STORAGE_SAS_TOKEN", sas.replace("sig=", "sig=AA"))
+    with pytest.raises(CredentialsError):
+        sync(str(src), f"az://{container}/sas2")
