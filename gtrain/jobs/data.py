@@ -1,6 +1,6 @@
 """``job.data``: datasets every node downloads at launch, with the node's own credentials.
 
-A node has python3 (and, for the cloud it reads from, boto3 or google-cloud-storage), not gtrain. So the
+A node has python3 (and, for the cloud it reads from, botocore or google-auth), not gtrain. So the
 few pure-Python modules of gtrain's sync engine travel to the node as a zip (``gtrain-sync.pyz``) and run
 there: the same incremental, verified, resumable engine as ``gtrain sync``, never the user's keys. S3 moves
 through obstore where the node's python has it (``gtrain.sync.s3fast``), Azure too (``gtrain.sync.azfast``), else

@@ -172,8 +172,8 @@ def sync(src: str, dst: str, *, delete: bool = False, dry_run: bool = False, wor
 
     ``delete`` also removes what ``dst`` holds beyond ``src`` (within the prefix / directory only);
     ``dry_run`` plans (and may read local files to compare) but changes nothing, the plan in
-    ``result.actions``. ``client_factory`` returns the SDK client to use (boto3 S3 client or
-    google.cloud.storage.Client); default: built from the environment. ``multipart_threshold`` /
+    ``result.actions``. ``client_factory`` returns the wire client to use (``S3Wire`` / ``AzureWire``, or for GCS
+    any object with an ``api_endpoint``); default: built from the environment. ``multipart_threshold`` /
     ``part_size`` tune the SDKs' multipart/chunked transfers (defaults 32 MiB / 16 MiB).
     """
     t0 = time.monotonic()
