@@ -8,7 +8,7 @@
   ``weed``'s CPU seconds per phase are recorded: where it is near the wall time, the server is the limit; so is
   each tool's own CPU (user + system of the process and its children).
 * GCS on fake-gcs-server and Azure Blob on Azurite: gtrain alone (no fast rival runs there), against the
-  emulator's own CPU cost per phase.
+  emulator's own CPU cost per phase; on Azure both engines (obstore, the default, and ``wire``).
 
 Prints a table with each tool's time and the ratio best-of(s5cmd, rclone) / gtrain (> 1: gtrain is faster)
 and writes bench/results/sync.json. The load average before and after is recorded: run it when the
@@ -198,7 +198,11 @@ def bench_az(data: Path, work: Path) -> dict[str, Any]:
         w = AzureWire()
         w.request("PUT", "bench-az", query={"restype": "container"}, ok=(201,))
         w.close()
-        return {"server": "azurite", **gtrain_phases("az://bench-az/all", data, work, env, az.proc.pid)}
+        res = {"server": "azurite", **gtrain_phases("az://bench-az/all", data, work, env, az.proc.pid)}
+        # the stdlib client on the same server, for the engines side by side (obstore is the default)
+        wire = {**env, "GTRAIN_SYNC_ENGINE": "wire", "GTRAIN_HOME": str(work / "gtrain-home-az-wire")}
+        res["wire"] = gtrain_phases("az://bench-az/wire", data, work, wire, az.proc.pid)
+        return res
     finally:
         stop(az.proc)
 

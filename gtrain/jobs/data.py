@@ -1,9 +1,10 @@
 """``job.data``: datasets every node downloads at launch, with the node's own credentials.
 
-A node has python3 (and, for the cloud it reads from, boto3 or google-cloud-storage), not gtrain. So the
+A node has python3 (and, for the cloud it reads from, botocore or google-auth), not gtrain. So the
 few pure-Python modules of gtrain's sync engine travel to the node as a zip (``gtrain-sync.pyz``) and run
 there: the same incremental, verified, resumable engine as ``gtrain sync``, never the user's keys. S3 moves
-through obstore where the node's python has it (``gtrain.sync.s3fast``), else through the stdlib wire client.
+through obstore where the node's python has it (``gtrain.sync.s3fast``), Azure too (``gtrain.sync.azfast``), else
+through the stdlib wire clients.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ _MODULES = ("__init__.py", "errors.py", "redact.py", "events.py",
             "sync/__init__.py", "sync/model.py", "sync/local.py", "sync/manifest.py",
             "sync/engine.py", "sync/objstore.py", "sync/s3.py", "sync/s3wire.py", "sync/s3fast.py",
             "sync/gcs.py", "sync/gcswire.py", "sync/s3auth.py", "sync/httpconn.py", "sync/ranges.py",
-            "sync/azure.py", "sync/azwire.py")
+            "sync/azure.py", "sync/azwire.py", "sync/azfast.py")
 
 # Runs on the node: python3 -c DATA_MAIN BUNDLE ENTRIES_JSON. One JSON line out; exit 3 on a gtrain error.
 DATA_MAIN = """

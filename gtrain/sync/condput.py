@@ -20,8 +20,6 @@ https://learn.microsoft.com/rest/api/storageservices/specifying-conditional-head
 from __future__ import annotations
 
 import json
-import os
-import types
 import urllib.parse
 import uuid
 from dataclasses import dataclass
@@ -112,11 +110,8 @@ class GCSCond:
     def __init__(self, url: RemoteURL) -> None:
         from gtrain.sync.gcswire import Wire
 
-        base = os.environ.get("STORAGE_EMULATOR_HOST") or "https://storage.googleapis.com"
-        if "://" not in base:
-            base = f"http://{base}"
         self.url, self.root = url, _root(url)
-        self.wire = Wire(types.SimpleNamespace(api_endpoint=base.rstrip("/")), maxsize=8)
+        self.wire = Wire(maxsize=8)  # the endpoint: gcswire.default_endpoint() (STORAGE_EMULATOR_HOST when set)
         self._b = urllib.parse.quote(url.bucket, safe="")
 
     def _o(self, key: str) -> str:

@@ -135,6 +135,12 @@ def make_backend(url: RemoteURL, *, fld: str, client_factory: Callable[[], Any] 
     if url.scheme == "az":
         from gtrain.sync.azure import AzureBackend
 
+        if client is None:  # the compiled engine where it serves this environment (gtrain.sync.azfast)
+            from gtrain.sync import azfast
+
+            if azfast.usable():
+                return azfast.ObstoreAzureBackend(fld=fld, workers=workers, multipart_threshold=multipart_threshold,
+                                                  part_size=part_size)
         return AzureBackend(client, fld=fld, workers=workers, multipart_threshold=multipart_threshold,
                             part_size=part_size)
     if url.scheme == "s3":
@@ -166,8 +172,8 @@ def sync(src: str, dst: str, *, delete: bool = False, dry_run: bool = False, wor
 
     ``delete`` also removes what ``dst`` holds beyond ``src`` (within the prefix / directory only);
     ``dry_run`` plans (and may read local files to compare) but changes nothing, the plan in
-    ``result.actions``. ``client_factory`` returns the SDK client to use (boto3 S3 client or
-    google.cloud.storage.Client); default: built from the environment. ``multipart_threshold`` /
+    ``result.actions``. ``client_factory`` returns the wire client to use (``S3Wire`` / ``AzureWire``, or for GCS
+    any object with an ``api_endpoint``); default: built from the environment. ``multipart_threshold`` /
     ``part_size`` tune the SDKs' multipart/chunked transfers (defaults 32 MiB / 16 MiB).
     """
     t0 = time.monotonic()

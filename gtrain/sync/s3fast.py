@@ -176,6 +176,7 @@ class ObstoreS3Backend(S3Backend):
 
         sha, md5 = hashlib.sha256(), hashlib.md5(usedforsecurity=False)
         got = 0
+        r = None
         try:
             r = obstore.get(self._store(url.bucket), obj.key, options={"if_match": f'"{obj.version}"'})
             with open(dest, "wb") as f:
@@ -187,13 +188,13 @@ class ObstoreS3Backend(S3Backend):
                     got += len(mv)
                     progress(len(mv))
         except OSError as e:
-            if e.filename is not None or got == 0:  # our file; or the GET itself failed (translated above)
+            if e.filename is not None or r is None:  # our file; or the GET itself failed (translated above)
                 raise
             progress(-got)
             raise s3wire.S3WireError(0, "StreamBroken", f"download broke ({type(e).__name__}): {e}",
                                      bucket=url.bucket, key=obj.key) from e
         except Exception as e:
-            if got == 0 or not type(e).__module__.startswith("obstore"):
+            if r is None or not type(e).__module__.startswith("obstore"):  # the GET itself failed, or not the body
                 raise
             progress(-got)  # the body broke mid-way: the caller fetches it again from the start
             raise s3wire.S3WireError(0, "StreamBroken", f"download broke ({type(e).__name__}): {e}",

@@ -5,9 +5,11 @@ urllib3 transport needs it) and ``gtrain sync`` then spun at 100 % CPU."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,13 +24,49 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return next(out.glob("gtrain-*.whl"))
 
 
-def _venv(tmp_path: Path, wheel: Path, extra: str) -> Path:
+def _venv(tmp_path: Path, wheel: Path, extra: str, *, preinstalled: tuple[str, ...] = ()) -> Path:
+    """A clean venv with ``gtrain[extra]`` from the index. ``preinstalled``: distributions hard-linked from the
+    test environment first (their files only, never its site-packages on the path), for one the index would
+    bring at a size no test can afford (torch: PyPI's build pulls ~2.5 GiB of CUDA wheels)."""
     v = tmp_path / f"venv-{extra}"
-    subprocess.run([sys.executable, "-m", "venv", str(v)], check=True, timeout=120)
-    r = subprocess.run([str(v / "bin" / "pip"), "install", "-q", "--disable-pip-version-check",
-                        f"{wheel}[{extra}]"], capture_output=True, text=True, timeout=600)
+    if v.exists():
+        return v
+    # no pip inside (ensurepip costs seconds): the test environment's pip installs into it (--python), with
+    # no .pyc compiled ahead (most of pip's CPU time for botocore & co.; imports compile what they need)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(v)], check=True, timeout=120)
+    for name in preinstalled:
+        _link_distribution(name, v)
+    r = subprocess.run([sys.executable, "-m", "pip", "--python", str(v / "bin" / "python"), "install", "-q",
+                        "--disable-pip-version-check", "--no-compile", f"{wheel}[{extra}]"],
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     return v
+
+
+def _link_distribution(name: str, venv: Path) -> None:
+    import importlib.metadata
+    import sysconfig
+
+    dist = importlib.metadata.distribution(name)
+    dest = Path(sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)}))
+    for f in dist.files or ():
+        if f.parts[0] == "..":  # console scripts: not needed
+            continue
+        src = Path(str(dist.locate_file(f)))
+        if not src.is_file():
+            continue
+        (dest / f).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(src, dest / f)
+        except OSError:  # another file system
+            shutil.copy2(src, dest / f)
+
+
+@pytest.fixture(scope="module")
+def venvs(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Any:
+    """One venv per extra for the module (the provider test and the sync test of an extra share it)."""
+    root = tmp_path_factory.mktemp("venvs")
+    return lambda extra, **kw: _venv(root, wheel, extra, **kw)
 
 
 def _gtrain(v: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -80,9 +118,9 @@ PROVIDER_EXTRAS = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("extra", sorted(PROVIDER_EXTRAS))
-def test_provider_extra_alone_plans_offline(tmp_path: Path, wheel: Path, extra: str) -> None:
+def test_provider_extra_alone_plans_offline(tmp_path: Path, venvs: Any, extra: str) -> None:
     spec_text, more = PROVIDER_EXTRAS[extra]
-    v = _venv(tmp_path, wheel, extra)
+    v = venvs(extra)
     (tmp_path / "spec.yaml").write_text(spec_text)
     (tmp_path / "train.py").write_text("print(1)\n")
     env = {"GTRAIN_HOME": str(tmp_path / "home"), "LAMBDA_API_KEY": "", "LAMBDA_API_URL": "http://127.0.0.1:9",
@@ -94,3 +132,68 @@ def test_provider_extra_alone_plans_offline(tmp_path: Path, wheel: Path, extra: 
         r = _gtrain(v, *more, env=env)
         assert r.returncode in (1, 2) and r.stderr.startswith("Error: ") and "Traceback" not in r.stderr, r.stderr
         assert "not installed" not in r.stderr and "pip install" not in r.stderr, r.stderr  # the extra is complete
+
+
+def _probe_backend(v: Path, url: str, env: dict[str, str]) -> str:
+    probe = ("from gtrain.sync.objstore import make_backend, parse_location; "
+             f"print(type(make_backend(parse_location({url!r}, 'DST'), fld='DST')).__name__)")
+    r = subprocess.run([str(v / "bin" / "python"), "-c", probe], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, **env})
+    return r.stdout.strip() or r.stderr[-500:]
+
+
+@pytest.mark.slow
+def test_azure_extra_syncs_to_a_container(tmp_path: Path, venvs: Any, azurite: Any) -> None:
+    """``gtrain[azure]`` alone (the venv test_provider_extra_alone_plans_offline[azure] built): a sync to
+    Azurite, on the compiled engine the extra brings."""
+    from gtrain.sync.azwire import AzureWire, resolve_account
+
+    env = {"AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string}
+    wire = AzureWire(resolve_account(env))
+    wire.request("PUT", "gt-extras-az", query={"restype": "container"}, ok=(201, 409))
+    wire.close()
+    v = venvs("azure")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("hello")
+    r = _gtrain(v, "sync", str(src), "az://gt-extras-az/x", env={**env, "GTRAIN_HOME": str(tmp_path / "home")})
+    assert r.returncode == 0 and "this is a bug" not in r.stderr, r.stdout + r.stderr
+    assert _probe_backend(v, "az://gt-extras-az/x", env) == "ObstoreAzureBackend"
+
+
+@pytest.mark.slow
+def test_ssh_extra_execs_on_a_host(tmp_path: Path, venvs: Any, ssh_hosts: Any) -> None:
+    """``gtrain[ssh]`` alone: up, exec and down on one real sshd host."""
+    import json
+
+    h = ssh_hosts[0]
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(json.dumps({"name": "xssh", "provider": "ssh", "num_nodes": 1, "ssh": {
+        "user": h.user, "identity_file": h.identity_file, "python": sys.executable, "hosts": [f"{h.address}:{h.port}"],
+        "host_keys": {f"{h.address}:{h.port}": h.host_key_line}}}))
+    v = venvs("ssh")
+    env = {"GTRAIN_HOME": str(tmp_path / "home")}
+    try:
+        r = _gtrain(v, "up", str(spec), env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        r = _gtrain(v, "exec", "xssh", "--", "echo from-$(hostname)", env=env)
+        assert r.returncode == 0 and f"from-{h.name}" in r.stdout, r.stdout + r.stderr
+    finally:
+        r = _gtrain(v, "down", "xssh", env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.slow
+def test_all_extra_syncs_to_a_bucket(tmp_path: Path, venvs: Any, seaweedfs, weed_bucket: str) -> None:  # type: ignore[no-untyped-def]
+    """``gtrain[all]``: every extra resolves together from the index (torch hard-linked in first: see _venv)
+    and a sync runs on it."""
+    v = venvs("all", preinstalled=("torch",))
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("hello")
+    r = _gtrain(v, "sync", str(src), f"s3://{weed_bucket}/all", env={**seaweedfs.env(),
+                                                                     "GTRAIN_HOME": str(tmp_path / "home")})
+    assert r.returncode == 0 and "this is a bug" not in r.stderr, r.stdout + r.stderr
+    r = subprocess.run([str(v / "bin" / "python"), "-c", "import torch, obstore, paramiko, google.auth, lightkube"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-1000:]

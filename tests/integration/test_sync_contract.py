@@ -117,7 +117,7 @@ class GCS(Store):
 
         super().__init__(via)
         self.sdk = storage.Client(project="gtrain-test", credentials=AnonymousCredentials())
-        self.wire = Wire(self.sdk)
+        self.wire = Wire(self.sdk.api_endpoint)
         self.sdk.create_bucket(self.bucket)
 
     def _o(self, key: str = "") -> str:
