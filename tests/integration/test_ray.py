@@ -19,6 +19,10 @@ import yaml
 
 JOBS = Path(__file__).parent / "jobs"
 SECRET = "ray-secret-value-5f3a9c"
+#: jobs for the tests that need torchrun's ranks, not torch's work (a rank that imports no torch starts in a blink)
+LITTLE = {"fail.py": "import os, sys\nrank = int(os.environ['RANK'])\nprint(f'rank {rank} up', flush=True)\n"
+                     "sys.exit(7 if rank == 3 else 0)\n",
+          "sleep.py": "import time\nprint('sleeping', flush=True)\ntime.sleep(1000)\n"}
 
 
 def cli(tmp: Path, *args: str, timeout: float = 240, env: dict[str, str] | None = None
@@ -33,6 +37,8 @@ def spec(tmp: Path, name: str, run: str, address: str, num_nodes: int = 2, **ray
     work = tmp / "work"
     work.mkdir(exist_ok=True)
     shutil.copy(JOBS / "slurm_train.py", work / "slurm_train.py")
+    for fname, text in LITTLE.items():
+        (work / fname).write_text(text)
     doc = {"name": name, "provider": "ray", "num_nodes": num_nodes, "resources": {"accelerators": "A100:2"},
            "ray": {"address": address, "gpu_resource": "fake_gpu", "driver_python": sys.executable,
                    "root": str(tmp / "nodes"), **ray},
@@ -99,7 +105,7 @@ STEPS, EVERY = 12, 3
 STORE_SECRET = "ray-store-secret-7c1e4b"
 
 
-def durable_spec(tmp: Path, name: str, address: str, moto: str, store: str) -> str:
+def durable_spec(tmp: Path, name: str, address: str, moto: str, store: str, pause: float = 0.5) -> str:
     """durable_train.py (2 nodes x 2 ranks, rank 0 checkpoints every EVERY steps) with the store's credentials
     as job.secrets: the fixture's Ray nodes have no AWS_* of their own, so the store is reached only so."""
     work = tmp / "work"
@@ -108,7 +114,7 @@ def durable_spec(tmp: Path, name: str, address: str, moto: str, store: str) -> s
     doc = {"name": name, "provider": "ray", "num_nodes": 2, "resources": {"accelerators": "A100:2"},
            "ray": {"address": address, "gpu_resource": "fake_gpu", "driver_python": sys.executable,
                    "root": str(tmp / "nodes")},
-           "job": {"workdir": str(work), "run": f"durable_train.py {STEPS} {EVERY} 0.5", "nproc_per_node": 2,
+           "job": {"workdir": str(work), "run": f"durable_train.py {STEPS} {EVERY} {pause}", "nproc_per_node": 2,
                    "checkpoint_dir": "ckpt", "checkpoint_store": store,
                    "env": {"OMP_NUM_THREADS": "1", "AWS_ENDPOINT_URL": moto, "AWS_DEFAULT_REGION": "us-east-1"},
                    "secrets": ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]},
@@ -150,7 +156,7 @@ def test_run_two_nodes_four_ranks_checkpoints_through_the_store_then_a_failing_r
     checkpoints uploaded from inside the Ray actors to the store (credentials as job.secrets), `run --to`
     pulling them from the store; then a failing rank's exit code out of `run`."""
     store = bucket("ray-run")
-    res = cli(tmp_path, "run", durable_spec(tmp_path, "ray-run", ray_cluster.address, moto_server, store),
+    res = cli(tmp_path, "run", durable_spec(tmp_path, "ray-run", ray_cluster.address, moto_server, store, 0.1),
               "--no-report", "--to", str(tmp_path / "pulled"), env=store_env())
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-4000:]
@@ -161,9 +167,10 @@ def test_run_two_nodes_four_ranks_checkpoints_through_the_store_then_a_failing_r
     assert (tmp_path / "pulled" / f"step-{STEPS:04d}.pt").exists()
     no_secret_left(tmp_path, out)
     assert not live_actors(ray_cluster.address)
-    res = cli(tmp_path, "run", spec(tmp_path, "ray-fail", "slurm_train.py --steps 1 --exit-code 7",
-                                    ray_cluster.address), "--no-report", "--to", str(tmp_path / "pulled2"))
-    assert res.returncode == 7, (res.stdout + res.stderr)[-4000:]
+    res = cli(tmp_path, "run", spec(tmp_path, "ray-fail", "fail.py", ray_cluster.address), "--no-report", "--to",
+              str(tmp_path / "pulled2"))
+    out = res.stdout + res.stderr
+    assert res.returncode == 7 and "rank 3 (node 1) failed first, exit 7" in out, out[-4000:]
 
 
 def test_a_worker_node_killed_mid_run_recovers_from_the_store_same_weights(
@@ -222,7 +229,7 @@ def test_a_worker_node_killed_mid_run_recovers_from_the_store_same_weights(
 
 
 def test_down_mid_run_leaves_no_process_on_any_node(ray_cluster: Any, tmp_path: Path) -> None:
-    s = spec(tmp_path, "ray-down", "slurm_train.py --steps 1000 --step-s 0.5", ray_cluster.address)
+    s = spec(tmp_path, "ray-down", "sleep.py", ray_cluster.address)
     assert cli(tmp_path, "up", s).returncode == 0
     res = cli(tmp_path, "launch", s)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -240,14 +247,14 @@ def test_down_mid_run_leaves_no_process_on_any_node(ray_cluster: Any, tmp_path: 
 
 def test_unplaceable_request_pends_with_the_reason_then_times_out(ray_cluster: Any, tmp_path: Path) -> None:
     s = spec(tmp_path, "ray-big", "slurm_train.py --steps 1", ray_cluster.address, num_nodes=3,
-             pending_timeout_s=4)
+             pending_timeout_s=2)
     up = cli(tmp_path, "up", s)
     assert up.returncode == 0 and "cannot place the job now: 2 of 3 alive Ray node(s)" in up.stdout + up.stderr
     assert cli(tmp_path, "launch", s).returncode == 0
     res = cli(tmp_path, "logs", "ray-big", "-f")
     said = res.stdout + res.stderr
     assert "[gtrain] pending: placement group STRICT_SPREAD of 3 bundle(s)" in said, said
-    assert res.returncode == 124 and "not placed in 4 s (ray.pending_timeout_s)" in said, said
+    assert res.returncode == 124 and "not placed in 2 s (ray.pending_timeout_s)" in said, said
     assert cli(tmp_path, "down", "ray-big", "--yes").returncode == 0
 
 

@@ -63,16 +63,16 @@ class RayBackend(JobBackend):
     @property
     def runners(self) -> list[RayExec]:
         """Each node's folder for gtrain's checkpoint tool (the probe, a recovery's collect and archive): reached
-        through short Ray jobs (:mod:`gtrain.providers.ray.execjob`)."""
-        from gtrain.providers.ray.execjob import RayExec
+        through short Ray jobs, one per step for every node (:mod:`gtrain.providers.ray.execjob`)."""
+        from gtrain.providers.ray.execjob import ExecBatch, RayExec
         from gtrain.providers.ray.options import RayOptions
 
         if "_runners" not in self.__dict__:  # the same ones each time: a queued write_file rides with the next run
             opts = RayOptions.model_validate(self.cluster.spec.get("ray") or {})
             env = {str(k): str(v) for k, v in (opts.runtime_env.get("env_vars") or {}).items()}
             root = f"{opts.root}/{self.cluster.id}"
-            self.__dict__["_runners"] = [RayExec(self.api, self.cluster.id, k, f"{root}/node-{k}", opts.driver_python,
-                                                 env) for k in range(self.num_nodes)]
+            batch = ExecBatch(self.api, self.cluster.id, opts.driver_python, env, self.num_nodes)
+            self.__dict__["_runners"] = [RayExec(batch, k, f"{root}/node-{k}") for k in range(self.num_nodes)]
         return list(self.__dict__["_runners"])
 
     def submission(self, job: JobRecord) -> str:
