@@ -105,7 +105,7 @@ STEPS, EVERY = 12, 3
 STORE_SECRET = "ray-store-secret-7c1e4b"
 
 
-def durable_spec(tmp: Path, name: str, address: str, moto: str, store: str, pause: float = 0.5) -> str:
+def durable_spec(tmp: Path, name: str, address: str, moto: str, store: str) -> str:
     """durable_train.py (2 nodes x 2 ranks, rank 0 checkpoints every EVERY steps) with the store's credentials
     as job.secrets: the fixture's Ray nodes have no AWS_* of their own, so the store is reached only so."""
     work = tmp / "work"
@@ -114,7 +114,7 @@ def durable_spec(tmp: Path, name: str, address: str, moto: str, store: str, paus
     doc = {"name": name, "provider": "ray", "num_nodes": 2, "resources": {"accelerators": "A100:2"},
            "ray": {"address": address, "gpu_resource": "fake_gpu", "driver_python": sys.executable,
                    "root": str(tmp / "nodes")},
-           "job": {"workdir": str(work), "run": f"durable_train.py {STEPS} {EVERY} {pause}", "nproc_per_node": 2,
+           "job": {"workdir": str(work), "run": f"durable_train.py {STEPS} {EVERY} 0.5", "nproc_per_node": 2,
                    "checkpoint_dir": "ckpt", "checkpoint_store": store,
                    "env": {"OMP_NUM_THREADS": "1", "AWS_ENDPOINT_URL": moto, "AWS_DEFAULT_REGION": "us-east-1"},
                    "secrets": ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]},
@@ -150,34 +150,24 @@ def no_secret_left(tmp: Path, out: str) -> None:
         assert value.encode() not in b"".join(p.read_bytes() for p in (tmp / "home").rglob("*") if p.is_file())
 
 
-def test_run_two_nodes_four_ranks_checkpoints_through_the_store_then_a_failing_rank(
-        ray_cluster: Any, moto_server: str, tmp_path: Path) -> None:
-    """`gtrain run` 2 nodes x 2 torchrun ranks: every rank's lines rank-prefixed from the Ray job's log, the
-    checkpoints uploaded from inside the Ray actors to the store (credentials as job.secrets), `run --to`
-    pulling them from the store; then a failing rank's exit code out of `run`."""
-    store = bucket("ray-run")
-    res = cli(tmp_path, "run", durable_spec(tmp_path, "ray-run", ray_cluster.address, moto_server, store, 0.1),
-              "--no-report", "--to", str(tmp_path / "pulled"), env=store_env())
-    out = res.stdout + res.stderr
-    assert res.returncode == 0, out[-4000:]
-    for r in range(4):  # every rank's lines, rank-prefixed, from the Ray job's log
-        assert f"rank {r}] computed step {STEPS}" in out, out[-4000:]
-    assert "submitted to Ray at" in out and "writable from every node" in out, out[-4000:]
-    weights_equal_an_uninterrupted_run(tmp_path / "pulled")  # pulled from the store, not the nodes
-    assert (tmp_path / "pulled" / f"step-{STEPS:04d}.pt").exists()
-    no_secret_left(tmp_path, out)
-    assert not live_actors(ray_cluster.address)
+def test_a_failing_rank_exit_code_out_of_run(ray_cluster: Any, tmp_path: Path) -> None:
+    """`gtrain run` 2 nodes x 2 torchrun ranks whose rank 3 exits 7 (ranks that import no torch): 7 out of `run`,
+    the rank named."""
     res = cli(tmp_path, "run", spec(tmp_path, "ray-fail", "fail.py", ray_cluster.address), "--no-report", "--to",
-              str(tmp_path / "pulled2"))
+              str(tmp_path / "pulled"))
     out = res.stdout + res.stderr
     assert res.returncode == 7 and "rank 3 (node 1) failed first, exit 7" in out, out[-4000:]
+    no_secret_left(tmp_path, out)  # job.secrets: RAY_TEST_TOKEN
+    assert not live_actors(ray_cluster.address)
 
 
-def test_a_worker_node_killed_mid_run_recovers_from_the_store_same_weights(
+def test_run_through_the_store_a_worker_node_killed_mid_run_recovers_same_weights(
         ray_cluster: Any, moto_server: str, tmp_path: Path) -> None:
-    """Every process of one Ray worker node SIGKILLed once checkpoint step 3 is in the store: the job is
-    preempted (its actor died with the node), `run`'s recovery relaunches it as attempt 2 once the node is back,
-    every node resumes from the store, and the final weights equal an uninterrupted run's."""
+    """`gtrain run` 2 nodes x 2 torchrun ranks with a store (credentials as job.secrets), every process of one
+    Ray worker node SIGKILLed once checkpoint step 3 is in the store: the job is preempted (its actor died with
+    the node), `run`'s recovery relaunches it as attempt 2 once the node is back, every node resumes from the
+    store, `run` exits 0 with every rank's lines rank-prefixed from the Ray job's log, and `run --to` pulls the
+    checkpoints from the store: the final weights equal an uninterrupted run's (computed)."""
     from gtrain.checkpoints.store import Store
     from tests.integration.durable_nodes import run_key
 
@@ -221,7 +211,11 @@ def test_a_worker_node_killed_mid_run_recovers_from_the_store_same_weights(
                for ln in starts}
     assert len(starts) == 4 and len(resumed) == 1, starts
     assert int(next(iter(resumed))[0]) >= EVERY, starts
-    weights_equal_an_uninterrupted_run(tmp_path / "pulled")
+    for r in range(4):  # every rank's lines, rank-prefixed, from the Ray job's log
+        assert f"rank {r}] computed step {STEPS}" in out, out[-4000:]
+    assert "submitted to Ray at" in out and "writable from every node" in out, out[-4000:]
+    weights_equal_an_uninterrupted_run(tmp_path / "pulled")  # pulled from the store, not the nodes
+    assert (tmp_path / "pulled" / f"step-{STEPS:04d}.pt").exists()
     no_secret_left(tmp_path, out)
     res = cli(tmp_path, "down", "ray-kill", "--yes")
     assert res.returncode == 0, res.stdout + res.stderr

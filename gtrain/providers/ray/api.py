@@ -125,9 +125,6 @@ class RayAPI:
         return f"gcs://{name}"
 
     def submit(self, body: dict[str, Any]) -> str:
-        if os.environ.get("GTRAIN_RAY_TRACE"):  # TRACE-TEMP
-            with open(os.environ["GTRAIN_RAY_TRACE"], "a") as tf:
-                tf.write(f"{time.time():.2f} submit {body.get('submission_id')} {body.get('entrypoint')}\n")
         doc = self.request("POST", "/api/jobs/", body, doing=f"submit job {body.get('submission_id')}")
         return str((doc or {}).get("submission_id") or body.get("submission_id"))
 

@@ -151,15 +151,7 @@ class ExecBatch:
         self.jobs += 1
         timeouts = [c.timeout or 3600 for c in batch]
         try:
-            t0 = time.monotonic()
             got = self._wait(sid, max(timeouts), f"ray node(s) {nodes}")
-            import os
-            if os.environ.get("GTRAIN_RAY_TRACE"):  # TRACE-TEMP
-                rj = self.api.job(sid) or {}
-                with open(os.environ["GTRAIN_RAY_TRACE"], "a") as tf:
-                    tf.write(f"{time.time():.2f} exec-done {sid} wall={time.monotonic() - t0:.2f} "
-                             f"ray={(rj.get('end_time') or 0) - (rj.get('start_time') or 0)}ms "
-                             f"cmd={batch[0].cmd[:60]!r}\n")
         finally:
             self.api.delete(sid)
         for i, c in enumerate(batch):
