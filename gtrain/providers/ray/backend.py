@@ -93,8 +93,10 @@ class RayBackend(JobBackend):
         return found[key]
 
     def reserve(self, request: JobRequest) -> JobRequest:
-        """The rendezvous port: from the job id (any port of bundle 0's node; the job's own processes only)."""
-        request.master_port = 20000 + zlib.crc32(request.job_id.encode()) % 20000
+        """The rendezvous port: from the job id (any port of bundle 0's node; the job's own processes only),
+        in 20000-31999: above Ray's worker ports (10002-19999 by default) and below Linux's ephemeral ports
+        (32768-60999), which any outgoing connection of the node may hold (seen: torchrun's EADDRINUSE)."""
+        request.master_port = 20000 + zlib.crc32(request.job_id.encode()) % 12000
         return request
 
     # ---- plan and submit -------------------------------------------------------------------------
