@@ -80,7 +80,6 @@ class ExecBatch:
         self.cv = threading.Condition()
         self.open: list[_Command] | None = None  # the step being gathered
         self.last = 0.0
-        self.jobs = 0  # Ray jobs submitted (one per step)
 
     def run(self, c: _Command) -> CommandResult:
         with self.cv:
@@ -148,7 +147,6 @@ class ExecBatch:
         self.api.submit({"entrypoint": f"{self.python} _gtrain_exec/nodeexec.py", "submission_id": sid,
                          "runtime_env": runtime_env, "entrypoint_num_cpus": 0,
                          "metadata": {"gtrain_cluster": self.cluster_id, "gtrain_exec": nodes}})
-        self.jobs += 1
         timeouts = [c.timeout or 3600 for c in batch]
         try:
             got = self._wait(sid, max(timeouts), f"ray node(s) {nodes}")
