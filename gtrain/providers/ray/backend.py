@@ -63,16 +63,16 @@ class RayBackend(JobBackend):
     @property
     def runners(self) -> list[RayExec]:
         """Each node's folder for gtrain's checkpoint tool (the probe, a recovery's collect and archive): reached
-        through short Ray jobs (:mod:`gtrain.providers.ray.execjob`)."""
-        from gtrain.providers.ray.execjob import RayExec
+        through short Ray jobs, one per step for every node (:mod:`gtrain.providers.ray.execjob`)."""
+        from gtrain.providers.ray.execjob import ExecBatch, RayExec
         from gtrain.providers.ray.options import RayOptions
 
         if "_runners" not in self.__dict__:  # the same ones each time: a queued write_file rides with the next run
             opts = RayOptions.model_validate(self.cluster.spec.get("ray") or {})
             env = {str(k): str(v) for k, v in (opts.runtime_env.get("env_vars") or {}).items()}
             root = f"{opts.root}/{self.cluster.id}"
-            self.__dict__["_runners"] = [RayExec(self.api, self.cluster.id, k, f"{root}/node-{k}", opts.driver_python,
-                                                 env) for k in range(self.num_nodes)]
+            batch = ExecBatch(self.api, self.cluster.id, opts.driver_python, env, self.num_nodes)
+            self.__dict__["_runners"] = [RayExec(batch, k, f"{root}/node-{k}") for k in range(self.num_nodes)]
         return list(self.__dict__["_runners"])
 
     def submission(self, job: JobRecord) -> str:
@@ -93,8 +93,10 @@ class RayBackend(JobBackend):
         return found[key]
 
     def reserve(self, request: JobRequest) -> JobRequest:
-        """The rendezvous port: from the job id (any port of bundle 0's node; the job's own processes only)."""
-        request.master_port = 20000 + zlib.crc32(request.job_id.encode()) % 20000
+        """The rendezvous port: from the job id (any port of bundle 0's node; the job's own processes only),
+        in 20000-31999: above Ray's worker ports (10002-19999 by default) and below Linux's ephemeral ports
+        (32768-60999), which any outgoing connection of the node may hold (seen: torchrun's EADDRINUSE)."""
+        request.master_port = 20000 + zlib.crc32(request.job_id.encode()) % 12000
         return request
 
     # ---- plan and submit -------------------------------------------------------------------------
