@@ -1,32 +1,40 @@
 """provider ray: one step of gtrain's checkpoint tool (every node's command, given at once from a thread per
 node as gtrain.checkpoints.ship does) is ONE Ray job; its entrypoint (the real nodeexec.py, run here as Ray
 runs an entrypoint: in the unpacked working_dir, runtime_env env_vars in its environment) runs each node's
-command with its files and its secrets on stdin, and each node gets its own result. The Jobs API calls are
-recorded by a stand-in with the semantics of Ray's Jobs REST reference (submit, GET status, logs, DELETE);
+command with its files and its secrets on stdin, and each node gets its own result. The Jobs API is faked
+at the wire (HTTP, from Ray's Jobs REST reference: package upload, submit, GET status, logs, DELETE), spoken to
+by gtrain's own client;
 the integration tests (test_ray.py) run the same steps on a real Ray cluster."""
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
 import threading
+import urllib.parse
 import zipfile
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gtrain.errors import RemoteCommandError
+from gtrain.providers.ray.api import RayAPI
 from gtrain.providers.ray.execjob import ExecBatch, RayExec
 from gtrain.remote.fanout import parallel
 
 
 class Jobs:
-    """What gtrain asks of the Jobs API, with each job run at its submit (entrypoint in its working_dir)."""
-
-    address = "http://head:8265"
+    """Ray's Jobs REST API at the wire (a local HTTP server): ``GET``/``PUT /api/packages/gcs/<name>``, ``POST
+    /api/jobs/`` (the job runs at its submit: entrypoint in its unpacked working_dir, env_vars in its
+    environment), ``GET /api/jobs/{id}``, ``GET /api/jobs/{id}/logs``, ``DELETE /api/jobs/{id}``, shaped from
+    https://docs.ray.io/en/latest/cluster/running-applications/job-submission/rest.html. gtrain's own client
+    (``RayAPI``) talks to it."""
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
@@ -34,12 +42,51 @@ class Jobs:
         self.bodies: list[dict[str, Any]] = []
         self.out: dict[str, str] = {}
         self.lock = threading.Lock()
+        jobs = self
 
-    def upload_package(self, name: str, data: bytes) -> str:
-        self.packages[name] = data
-        return f"gcs://{name}"
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *_a: Any) -> None:
+                pass
 
-    def submit(self, body: dict[str, Any]) -> str:
+            def _send(self, code: int, doc: Any = None) -> None:
+                data = json.dumps(doc).encode() if doc is not None else b""
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _body(self) -> bytes:
+                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                path = urllib.parse.unquote(self.path)
+                if path.startswith("/api/packages/gcs/"):
+                    found = path.rsplit("/", 1)[1] in jobs.packages
+                    return self._send(200 if found else 404, {"msg": "found" if found else "not found"})
+                sid = path.removeprefix("/api/jobs/").removesuffix("/logs")
+                if sid not in jobs.out:
+                    return self._send(404, {"msg": f"job {sid} does not exist"})
+                if path.endswith("/logs"):
+                    return self._send(200, {"logs": jobs.out[sid]})
+                return self._send(200, {"status": "SUCCEEDED", "submission_id": sid})
+
+            def do_PUT(self) -> None:  # noqa: N802
+                jobs.packages[urllib.parse.unquote(self.path).rsplit("/", 1)[1]] = self._body()
+                self._send(200)
+
+            def do_POST(self) -> None:  # noqa: N802
+                self._send(200, {"submission_id": jobs.run(json.loads(self._body()))})
+
+            def do_DELETE(self) -> None:  # noqa: N802
+                sid = urllib.parse.unquote(self.path).removeprefix("/api/jobs/")
+                self._send(200 if jobs.out.pop(sid, None) is not None else 404, {"deleted": True})
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.api = RayAPI(f"http://127.0.0.1:{self.server.server_address[1]}")
+
+    def run(self, body: dict[str, Any]) -> str:
         with self.lock:
             self.bodies.append(body)
         sid = body["submission_id"]
@@ -51,23 +98,21 @@ class Jobs:
         self.out[sid] = res.stdout + res.stderr
         return str(sid)
 
-    def job(self, sid: str) -> dict[str, Any]:
-        return {"status": "SUCCEEDED", "submission_id": sid}
 
-    def logs(self, sid: str) -> str:
-        return str(self.out[sid])
-
-    def delete(self, sid: str) -> None:
-        self.out.pop(sid, None)
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[Jobs]:
+    jobs = Jobs(tmp_path)
+    yield jobs
+    jobs.server.shutdown()
+    jobs.server.server_close()
 
 
 def runners(api: Jobs, tmp: Path, n: int = 3) -> list[RayExec]:
-    batch = ExecBatch(api, "c1", sys.executable, {"FROM_SPEC": "x"}, n)  # type: ignore[arg-type]
+    batch = ExecBatch(api.api, "c1", sys.executable, {"FROM_SPEC": "x"}, n)
     return [RayExec(batch, k, str(tmp / f"node-{k}")) for k in range(n)]
 
 
-def test_one_step_of_every_node_is_one_ray_job(tmp_path: Path) -> None:
-    api = Jobs(tmp_path)
+def test_one_step_of_every_node_is_one_ray_job(api: Jobs, tmp_path: Path) -> None:
     rs = runners(api, tmp_path)
     tool = b"the same bundle for every node" * 1000
 
@@ -89,8 +134,7 @@ def test_one_step_of_every_node_is_one_ray_job(tmp_path: Path) -> None:
     assert body["runtime_env"]["env_vars"] == {"FROM_SPEC": "x", "TOKEN": "s3cr3t"}
 
 
-def test_a_lone_command_and_differing_secrets_and_a_failure(tmp_path: Path) -> None:
-    api = Jobs(tmp_path)
+def test_a_lone_command_and_differing_secrets_and_a_failure(api: Jobs, tmp_path: Path) -> None:
     rs = runners(api, tmp_path)
     assert rs[0].run("echo alone").stdout == "alone\n" and len(api.bodies) == 1  # waits GATHER_S, then goes
 
