@@ -35,11 +35,9 @@ from gtrain.errors import SyncError
 from gtrain.sync import azwire
 from gtrain.sync.azure import _META, AzureBackend
 from gtrain.sync.model import Digests, RemoteObject, RemoteURL
-from gtrain.sync.ranges import download_ranges
-from gtrain.sync.s3fast import _PROXY_VARS, _code
+from gtrain.sync.s3fast import _PROXY_VARS, _code, get_to_file, ranged_fetch
 
 _META_NAME = _META.removeprefix("x-ms-meta-")
-_STREAM_CHUNK = 1 << 20
 
 
 def usable() -> bool:
@@ -174,68 +172,15 @@ class ObstoreAzureBackend(AzureBackend):
             raise SyncError(f"{path} changed while it was being uploaded", hint="re-run once it is no longer written")
         return RemoteObject(key, size, (r["e_tag"] or "").strip('"'), sha256=digests.sha256)
 
-    def download(self, url: RemoteURL, obj: RemoteObject, dest: Path, *,
-                 progress: Callable[[int], None]) -> tuple[RemoteObject, Digests | None]:
-        import obstore
-
-        where = f"az://{url.bucket}/{obj.key}"
-        with self._errors(url, obj.key):
-            if obj.size < self.threshold:
-                for attempt in range(3):  # a stream that breaks is fetched again from the start
-                    try:
-                        return self._get_small(url, obj, dest, progress)
-                    except azwire.AzureWireError as e:
-                        if e.code != "StreamBroken" or attempt == 2:
-                            raise
-                raise AssertionError("unreachable")  # pragma: no cover
-            head = self.head(url, obj.key)
-            if head is None or head.version != obj.version:
-                raise SyncError(f"{where} changed or disappeared during the sync",
-                                hint="re-run to sync what is there now")
-            store = self._store(url.bucket)
-
-            def fetch(first: int, last: int) -> bytes:
-                for attempt in range(3):  # a body cut short is asked for again (a changed blob fails If-Match)
-                    try:
-                        r = obstore.get(store, obj.key, options={"range": (first, last + 1),
-                                                                 "if_match": f'"{obj.version}"'})
-                        return memoryview(r.bytes())  # type: ignore[return-value]  # a buffer: no copy
-                    except Exception as e:
-                        if attempt == 2 or type(e).__name__ != "GenericError" or _code(e)[0]:
-                            raise
-                raise AssertionError("unreachable")  # pragma: no cover
-
-            return head, download_ranges(self._workers(), dest, obj.size, self.part_size, fetch, progress,
-                                         want_md5=head.sha256 is None, where=where)
+    def _ranged_fetch(self, url: RemoteURL, obj: RemoteObject) -> Callable[[int, int], bytes]:
+        return ranged_fetch(self._store(url.bucket), obj.key, str(obj.version))
 
     def _get_small(self, url: RemoteURL, obj: RemoteObject, dest: Path,
                    progress: Callable[[int], None]) -> tuple[RemoteObject, Digests]:
-        import obstore
-
-        sha, md5 = hashlib.sha256(), hashlib.md5(usedforsecurity=False)
-        got = 0
-        r = None
-        try:
-            r = obstore.get(self._store(url.bucket), obj.key, options={"if_match": f'"{obj.version}"'})
-            with open(dest, "wb") as f:
-                for chunk in r.stream(min_chunk_size=_STREAM_CHUNK):
-                    mv = memoryview(chunk)
-                    f.write(mv)
-                    sha.update(mv)
-                    md5.update(mv)
-                    got += len(mv)
-                    progress(len(mv))
-        except Exception as e:
-            if r is None or (isinstance(e, OSError) and e.filename is not None):  # the GET itself, or our file
-                raise
-            progress(-got)  # the body broke mid-way: the caller fetches it again from the start
-            raise azwire.AzureWireError(0, "StreamBroken", f"download broke ({type(e).__name__}): {e}",
-                                        container=url.bucket, blob=obj.key) from e
-        if got != r.meta["size"]:
-            progress(-got)
-            raise azwire.AzureWireError(0, "StreamBroken", f"download ended at {got} of {r.meta['size']} bytes",
-                                        container=url.bucket, blob=obj.key)
-        return self._from_result(obj.key, r), Digests(sha.hexdigest(), md5.hexdigest())
+        r, digests = get_to_file(self._store(url.bucket), obj.key, str(obj.version), dest, progress,
+                                 lambda why: azwire.AzureWireError(0, "StreamBroken", why, container=url.bucket,
+                                                                   blob=obj.key))
+        return self._from_result(obj.key, r), digests
 
     def delete(self, url: RemoteURL, keys: builtins.list[str]) -> None:
         import obstore

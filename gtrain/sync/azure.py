@@ -194,13 +194,18 @@ class AzureBackend:
             if head is None or head.version != obj.version:
                 raise SyncError(f"az://{url.bucket}/{obj.key} changed or disappeared during the sync",
                                 hint="re-run to sync what is there now")
-
-            def fetch(first: int, last: int) -> bytes:
-                return self.wire.request("GET", url.bucket, obj.key, ok=(206,), headers={
-                    "x-ms-range": f"bytes={first}-{last}", "if-match": f'"{obj.version}"'}).body
-
-            return head, download_ranges(self._workers(), dest, obj.size, self.part_size, fetch, progress,
+            return head, download_ranges(self._workers(), dest, obj.size, self.part_size,
+                                         self._ranged_fetch(url, obj), progress,
                                          want_md5=head.sha256 is None, where=f"az://{url.bucket}/{obj.key}")
+
+    def _ranged_fetch(self, url: RemoteURL, obj: RemoteObject) -> Callable[[int, int], bytes]:
+        """``fetch(first, last)``: one ranged GET of ``obj`` pinned to its ETag."""
+
+        def fetch(first: int, last: int) -> bytes:
+            return self.wire.request("GET", url.bucket, obj.key, ok=(206,), headers={
+                "x-ms-range": f"bytes={first}-{last}", "if-match": f'"{obj.version}"'}).body
+
+        return fetch
 
     def _get_small(self, url: RemoteURL, obj: RemoteObject, dest: Path,
                    progress: Callable[[int], None]) -> tuple[RemoteObject, Digests]:

@@ -65,6 +65,57 @@ def _code(e: BaseException) -> tuple[int, str]:
     return status, code
 
 
+def get_to_file(store: Any, key: str, version: str, dest: Path, progress: Callable[[int], None],
+                broken: Callable[[str], Exception]) -> tuple[Any, Digests]:
+    """One GET of ``key`` pinned to ``version`` (If-Match), streamed into ``dest`` and hashed (sha256, md5) as it
+    arrives; S3 and Azure alike. A body that breaks or ends short is taken back from ``progress`` and raised
+    as ``broken(why)`` (the caller fetches it again from the start); a failed GET, or a write to our own file
+    that fails, is raised as it is. Returns (obstore's result, digests)."""
+    import obstore
+
+    sha, md5 = hashlib.sha256(), hashlib.md5(usedforsecurity=False)
+    got = 0
+    r = None
+    try:
+        r = obstore.get(store, key, options={"if_match": f'"{version}"'})
+        with open(dest, "wb") as f:
+            for chunk in r.stream(min_chunk_size=_STREAM_CHUNK):
+                mv = memoryview(chunk)
+                f.write(mv)
+                sha.update(mv)
+                md5.update(mv)
+                got += len(mv)
+                progress(len(mv))
+    except Exception as e:
+        ours = isinstance(e, OSError) and e.filename is not None
+        if r is None or ours or not (isinstance(e, OSError) or type(e).__module__.startswith("obstore")):
+            raise
+        progress(-got)
+        raise broken(f"download broke ({type(e).__name__}): {e}") from e
+    if got != r.meta["size"]:
+        progress(-got)
+        raise broken(f"download ended at {got} of {r.meta['size']} bytes")
+    return r, Digests(sha.hexdigest(), md5.hexdigest())
+
+
+def ranged_fetch(store: Any, key: str, version: str) -> Callable[[int, int], bytes]:
+    """``fetch(first, last)`` for :func:`~gtrain.sync.ranges.download_ranges`: one ranged GET pinned to
+    ``version``; a body cut short is asked for again, twice (a changed object fails If-Match)."""
+    import obstore
+
+    def fetch(first: int, last: int) -> bytes:
+        for attempt in range(3):
+            try:
+                r = obstore.get(store, key, options={"range": (first, last + 1), "if_match": f'"{version}"'})
+                return memoryview(r.bytes())  # type: ignore[return-value]  # a buffer: written, hashed, no copy
+            except Exception as e:
+                if attempt == 2 or type(e).__name__ != "GenericError" or _code(e)[0]:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    return fetch
+
+
 class ObstoreS3Backend(S3Backend):
     """:class:`S3Backend` with obstore moving the bytes (see the module docstring for what stays ours)."""
 
@@ -172,57 +223,14 @@ class ObstoreS3Backend(S3Backend):
 
     def _get_small(self, url: RemoteURL, obj: RemoteObject, dest: Path,
                    progress: Callable[[int], None]) -> tuple[RemoteObject, Digests]:
-        import obstore
-
-        sha, md5 = hashlib.sha256(), hashlib.md5(usedforsecurity=False)
-        got = 0
-        r = None
-        try:
-            r = obstore.get(self._store(url.bucket), obj.key, options={"if_match": f'"{obj.version}"'})
-            with open(dest, "wb") as f:
-                for chunk in r.stream(min_chunk_size=_STREAM_CHUNK):
-                    mv = memoryview(chunk)
-                    f.write(mv)
-                    sha.update(mv)
-                    md5.update(mv)
-                    got += len(mv)
-                    progress(len(mv))
-        except OSError as e:
-            if e.filename is not None or r is None:  # our file; or the GET itself failed (translated above)
-                raise
-            progress(-got)
-            raise s3wire.S3WireError(0, "StreamBroken", f"download broke ({type(e).__name__}): {e}",
-                                     bucket=url.bucket, key=obj.key) from e
-        except Exception as e:
-            if r is None or not type(e).__module__.startswith("obstore"):  # the GET itself failed, or not the body
-                raise
-            progress(-got)  # the body broke mid-way: the caller fetches it again from the start
-            raise s3wire.S3WireError(0, "StreamBroken", f"download broke ({type(e).__name__}): {e}",
-                                     bucket=url.bucket, key=obj.key) from e
-        if got != r.meta["size"]:
-            progress(-got)
-            raise s3wire.S3WireError(0, "StreamBroken", f"download ended at {got} of {r.meta['size']} bytes",
-                                     bucket=url.bucket, key=obj.key)
-        return self._from_result(obj.key, r), Digests(sha.hexdigest(), md5.hexdigest())
+        r, digests = get_to_file(self._store(url.bucket), obj.key, str(obj.version), dest, progress,
+                                 lambda why: s3wire.S3WireError(0, "StreamBroken", why, bucket=url.bucket, key=obj.key))
+        return self._from_result(obj.key, r), digests
 
     def _download_ranges(self, url: RemoteURL, obj: RemoteObject, dest: Path,
                          progress: Callable[[int], None]) -> Digests:
-        import obstore
-
-        store = self._store(url.bucket)
-
-        def fetch(first: int, last: int) -> bytes:
-            for attempt in range(3):  # a body cut short is asked for again (a changed object fails If-Match)
-                try:
-                    r = obstore.get(store, obj.key, options={"range": (first, last + 1),
-                                                             "if_match": f'"{obj.version}"'})
-                    return memoryview(r.bytes())  # type: ignore[return-value]  # a buffer: written, hashed, no copy
-                except Exception as e:
-                    if attempt == 2 or type(e).__name__ != "GenericError" or _code(e)[0]:
-                        raise
-            raise AssertionError("unreachable")  # pragma: no cover
-
-        return download_ranges(self._workers(), dest, obj.size, self._part_size(obj.size), fetch, progress,
+        return download_ranges(self._workers(), dest, obj.size, self._part_size(obj.size),
+                               ranged_fetch(self._store(url.bucket), obj.key, str(obj.version)), progress,
                                want_md5=obj.sha256 is None, where=f"s3://{url.bucket}/{obj.key}")
 
     def delete(self, url: RemoteURL, keys: builtins.list[str]) -> None:
