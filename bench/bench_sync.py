@@ -4,9 +4,15 @@
   compiled engine, and ``gtrain-wire``: ``GTRAIN_SYNC_ENGINE=wire``, the stdlib client) vs ``s5cmd sync``,
   ``rclone sync`` (16 transfers, 16 checkers) and ``aws s3 sync`` (awscli, if found), each a new process, on
   the same data in one run: 1,000 files of 1-8 KiB + one 200 MiB file. Phases: upload, no-change re-sync
-  (best of 3), download; then the 200 MiB file alone (upload, download). Each tool has a bucket of its own.
-  ``weed``'s CPU seconds per phase are recorded: where it is near the wall time, the server is the limit; so is
-  each tool's own CPU (user + system of the process and its children).
+  (best of 3), download; then the 200 MiB file alone (upload, download); then the restore of a sharded
+  checkpoint (16 files of 8 MiB): gtrain's is the node's own restore (``python -m gtrain.checkpoints.node
+  restore``, from the checkpoint store's layout), the rivals sync the same files down. Each tool has a bucket of
+  its own. ``--rounds`` rounds (default 3), the tools taking turns in a rotating order, each round on a fresh
+  prefix and into a fresh folder; a tool's figure is its best round (all rounds are in the JSON). A new weed
+  is warmed up first with an upload nobody is timed on (its first writes cost it seconds of CPU), and gtrain is
+  byte-compiled first, as pip installs it. ``weed``'s CPU seconds per phase are recorded: where it is near the
+  wall time, the server is the limit; so is each tool's own CPU (user + system of the process and its
+  children), also given per GiB downloaded.
 * GCS on fake-gcs-server and Azure Blob on Azurite: gtrain alone (no fast rival runs there), against the
   emulator's own CPU cost per phase; on Azure both engines (obstore, the default, and ``wire``).
 
@@ -14,7 +20,8 @@ Prints a table with each tool's time and the ratio best-of(s5cmd, rclone) / gtra
 and writes bench/results/sync.json. The load average before and after is recorded: run it when the
 machine is quiet.
 
-    .venv/bin/python bench/bench_sync.py [--small 1000] [--large-mib 200] [--aws PATH] [--skip gcs,az]
+    .venv/bin/python bench/bench_sync.py [--small 1000] [--large-mib 200] [--rounds 3] [--shards 16]
+                                         [--shard-mib 8] [--aws PATH] [--skip gcs,az]
 """
 
 from __future__ import annotations
@@ -87,20 +94,43 @@ def s3_commands(tool: str, endpoint: str, aws: str | None) -> Callable[[str, str
                              (a.rstrip("/") + "/*") if a.startswith("s3://") else a.rstrip("/") + "/",
                              b.rstrip("/") + "/"]
     if tool == "rclone":
-        exe = shutil.which("rclone")
+        exe = venv_bin / "rclone" if (venv_bin / "rclone").exists() else shutil.which("rclone")
         if not exe:
             return None
 
         def rc(p: str) -> str:
             return "weed:" + p.removeprefix("s3://") if p.startswith("s3://") else p
 
-        return lambda a, b: [exe, "sync", rc(a), rc(b), "--transfers", "16", "--checkers", "16", "-q"]
+        return lambda a, b: [str(exe), "sync", rc(a), rc(b), "--transfers", "16", "--checkers", "16", "-q"]
     if tool == "awscli" and aws:
         return lambda a, b: [aws, "s3", "sync", a, b, "--only-show-errors"]
     return None
 
 
+PHASES = ("upload", "noop_resync", "download", "big_upload", "big_download", "restore")
+
+
+def make_checkpoint(root: Path, shards: int, shard_mib: int) -> None:
+    """A sharded checkpoint: ``shards`` files of ``shard_mib`` MiB in one step folder."""
+    step = root / "ckpt" / "step-100"
+    step.mkdir(parents=True)
+    for k in range(shards):
+        with open(step / f"shard-{k:02d}.pt", "wb") as f:
+            for _ in range(shard_mib):
+                f.write(os.urandom(MiB))
+
+
+def restore_command(store_url: str, dest: Path) -> list[str]:
+    """What a node runs before the script starts: the checkpoint shipper's ``restore`` of the newest step."""
+    return [sys.executable, "-m", "gtrain.checkpoints.node", "restore", store_url, "bench", "0", str(dest),
+            str(dest.parent)]  # the job folder (it gets ckpt-restored.json): the download phases made it
+
+
 def bench_s3(data: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Every tool, every phase, ``args.rounds`` rounds; in each round the tools go in turn (the order rotating),
+    each with a fresh prefix and a fresh destination. A tool's figure per phase is its best round."""
+    from gtrain.checkpoints.store import Store
+
     weed = start_weed(work / "weed")
     try:
         env = {**os.environ, **weed.env(), "GTRAIN_HOME": str(work / "gtrain-home")}
@@ -113,36 +143,65 @@ def bench_s3(data: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]
 
         s3 = boto3.client("s3", endpoint_url=weed.endpoint, aws_access_key_id="testing",
                           aws_secret_access_key="testing", region_name="us-east-1")
-        out: dict[str, Any] = {"server": "seaweedfs (weed mini)", "tools": {}}
-        for tool in TOOLS:
-            cmd = s3_commands(tool, weed.endpoint, args.aws)
-            if cmd is None:
-                out["tools"][tool] = None
-                print(f"  {tool}: not found, skipped", flush=True)
-                continue
-            bucket = f"bench-{tool}".replace("-wire", "wire")
-            s3.create_bucket(Bucket=bucket)
-            tenv = renv if tool == "rclone" else {**env, "GTRAIN_SYNC_ENGINE": "wire"} if tool == "gtrain-wire" else env
-            res: dict[str, Any] = {"wall_s": {}, "cpu_s": {}, "weed_cpu_s": {}}
+        # the checkpoint every tool restores: written once by gtrain's store (what the shipper writes), and the
+        # same files as plain objects for the rivals
+        s3.create_bucket(Bucket="bench-ckpt")
+        for k, v in weed.env().items():
+            os.environ[k] = v
+        st = Store("s3://bench-ckpt/runs", "bench")
+        st.upload(0, data / "ckpt", "step-100", [f"step-100/{p.name}" for p in (data / "ckpt" / "step-100").iterdir()])
+        st.close()
+        # a new weed spends seconds of CPU on its first writes (volume growth, caches): a warm-up upload that no
+        # tool is timed on (the first tool paid ~2.5x weed CPU for the same upload before it)
+        s3.create_bucket(Bucket="bench-warmup")
+        warm = s3_commands("s5cmd", weed.endpoint, None) or s3_commands("gtrain", weed.endpoint, None)
+        assert warm is not None
+        run(warm(str(data / "all"), "s3://bench-warmup/all"), env)
+        run(warm(str(data / "ckpt" / "step-100"), "s3://bench-ckpt/plain"), env)
+        tools = {t: c for t in TOOLS if (c := s3_commands(t, weed.endpoint, args.aws)) is not None}
+        for t in TOOLS:
+            if t not in tools:
+                print(f"  {t}: not found, skipped", flush=True)
+        out: dict[str, Any] = {"server": "seaweedfs (weed mini)", "rounds": args.rounds,
+                               "tools": {t: None for t in TOOLS}}
+        runs: dict[str, dict[str, list[tuple[float, float, float]]]] = {t: {p: [] for p in PHASES} for t in tools}
+        for t in tools:
+            s3.create_bucket(Bucket=f"bench-{t}".replace("-wire", "wire"))
+        for rnd in range(args.rounds):
+            order = list(tools)[rnd % len(tools):] + list(tools)[:rnd % len(tools)]
+            for tool in order:
+                cmd, bucket = tools[tool], f"bench-{tool}".replace("-wire", "wire")
+                tenv = (renv if tool == "rclone" else {**env, "GTRAIN_SYNC_ENGINE": "wire"} if tool == "gtrain-wire"
+                        else env)
 
-            def phase(name: str, a: str, b: str, times: int = 1) -> None:
-                walls, cpus, own = [], [], []
-                for _ in range(times):
-                    c0, t0 = cpu_s(weed.proc.pid), time.monotonic()
-                    own.append(run(cmd(a, b), tenv))  # noqa: B023 - called at once
-                    walls.append(time.monotonic() - t0)
-                    cpus.append(cpu_s(weed.proc.pid) - c0)
-                i = walls.index(min(walls))
-                res["wall_s"][name], res["weed_cpu_s"][name] = round(walls[i], 3), round(cpus[i], 3)  # noqa: B023
-                res["cpu_s"][name] = round(own[i], 3)  # noqa: B023
+                def phase(name: str, argv: list[str], times: int = 1) -> None:
+                    for _ in range(times):
+                        c0, t0 = cpu_s(weed.proc.pid), time.monotonic()
+                        own = run(argv, tenv)  # noqa: B023 - called at once
+                        runs[tool][name].append((time.monotonic() - t0, own, cpu_s(weed.proc.pid) - c0))  # noqa: B023
 
-            phase("upload", str(data / "all"), f"s3://{bucket}/all")
-            phase("noop_resync", str(data / "all"), f"s3://{bucket}/all", times=3)
-            phase("download", f"s3://{bucket}/all", str(work / f"down-{tool}"))
-            phase("big_upload", str(data / "big"), f"s3://{bucket}/big")
-            phase("big_download", f"s3://{bucket}/big", str(work / f"big-{tool}"))
-            shutil.rmtree(work / f"down-{tool}")
-            shutil.rmtree(work / f"big-{tool}")
+                pre, down = f"s3://{bucket}/r{rnd}", work / f"down-{tool}-{rnd}"
+                phase("upload", cmd(str(data / "all"), f"{pre}/all"))
+                phase("noop_resync", cmd(str(data / "all"), f"{pre}/all"), times=3)
+                phase("download", cmd(f"{pre}/all", str(down / "all")))
+                phase("big_upload", cmd(str(data / "big"), f"{pre}/big"))
+                phase("big_download", cmd(f"{pre}/big", str(down / "big")))
+                if tool.startswith("gtrain"):  # the node's restore (gtrain's own store layout)
+                    phase("restore", restore_command("s3://bench-ckpt/runs", down / "ckpt"))
+                else:
+                    phase("restore", cmd("s3://bench-ckpt/plain", str(down / "ckpt")))
+                shutil.rmtree(down)
+            print(f"  round {rnd + 1}/{args.rounds} done", flush=True)
+        down_bytes = {"download": sum(p.stat().st_size for p in (data / "all").rglob("*") if p.is_file()),
+                      "big_download": (data / "big" / "ckpt.pt").stat().st_size,
+                      "restore": sum(p.stat().st_size for p in (data / "ckpt").rglob("*") if p.is_file())}
+        for tool, per in runs.items():
+            res: dict[str, Any] = {"wall_s": {}, "cpu_s": {}, "weed_cpu_s": {}, "all_wall_s": {}}
+            for name, rs in per.items():
+                best = min(rs)
+                res["wall_s"][name], res["cpu_s"][name], res["weed_cpu_s"][name] = (round(x, 3) for x in best)
+                res["all_wall_s"][name] = [round(r[0], 3) for r in rs]
+            res["cpu_s_per_gib"] = {p: round(res["cpu_s"][p] / (down_bytes[p] / 2**30), 2) for p in down_bytes}
             out["tools"][tool] = res
             print(f"  {tool}: {res['wall_s']}", flush=True)
         return out
@@ -208,7 +267,7 @@ def bench_az(data: Path, work: Path) -> dict[str, Any]:
 
 
 def table(s3: dict[str, Any]) -> list[str]:
-    phases = ("upload", "noop_resync", "download", "big_upload", "big_download")
+    phases = PHASES
     lines = [f"{'S3 / SeaweedFS, s':<14}" + "".join(f"{p:>14}" for p in phases)]
     for tool, res in s3["tools"].items():
         if res:
@@ -216,8 +275,14 @@ def table(s3: dict[str, Any]) -> list[str]:
     for tool, res in s3["tools"].items():
         if res:
             lines.append(f"{tool + ' CPU':<14}" + "".join(f"{res['cpu_s'][p]:>14.3f}" for p in phases))
-    lines.append(f"{'weed CPU (gt)':<14}" + "".join(f"{s3['tools']['gtrain']['weed_cpu_s'][p]:>14.3f}"
-                                                     for p in phases))
+    for tool, res in s3["tools"].items():
+        if res:
+            lines.append(f"{tool[:8] + ' weed':<14}" + "".join(f"{res['weed_cpu_s'][p]:>14.3f}" for p in phases))
+    down = ("download", "big_download", "restore")
+    lines.append(f"{'CPU-s/GiB down':<14}" + "".join(f"{p:>14}" for p in down))
+    for tool, res in s3["tools"].items():
+        if res:
+            lines.append(f"{tool:<14}" + "".join(f"{res['cpu_s_per_gib'][p]:>14.2f}" for p in down))
     lines.append(f"{'ratio':<14}" + "".join(f"{s3['ratio_vs_best_anchor'].get(p, 0):>14.2f}" for p in phases))
     return lines
 
@@ -227,6 +292,9 @@ def main() -> None:
     ap.add_argument("--small", type=int, default=1000)
     ap.add_argument("--large-mib", type=int, default=200)
     ap.add_argument("--aws", default=shutil.which("aws"), help="the aws CLI (default: on PATH)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of every tool and phase; the best is kept")
+    ap.add_argument("--shards", type=int, default=16, help="files of the sharded checkpoint restored")
+    ap.add_argument("--shard-mib", type=int, default=8)
     ap.add_argument("--skip", default="", help="comma-separated: gcs, az")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "sync.json")
     args = ap.parse_args()
@@ -234,6 +302,12 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="gtrain-bench-sync-"))
     try:
         make_data(work / "data", args.small, args.large_mib)
+        make_checkpoint(work / "data", args.shards, args.shard_mib)
+        # gtrain as a user has it installed: byte-compiled (pip compiles at install). Where the environment sets
+        # PYTHONDONTWRITEBYTECODE a source checkout would compile every module on every start (~30 ms here).
+        import compileall
+
+        compileall.compile_dir(str(ROOT / "gtrain"), quiet=1)
         print(f"data: {args.small} files of 1-8 KiB + one {args.large_mib} MiB file; load {load0}", flush=True)
         print("S3 on SeaweedFS:", flush=True)
         s3 = bench_s3(work / "data", work, args)
