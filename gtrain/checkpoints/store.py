@@ -180,11 +180,12 @@ class Store:
         changes while it is uploaded fails the checkpoint (SyncError)."""
         entries: list[dict[str, Any]] = []
         mtime = 0.0
+        upload_md5: bool = getattr(self.backend, "upload_md5", True)
 
         def one(rel: str) -> dict[str, Any]:
             path = root / rel
             st = path.stat()
-            digests = hash_file(path)
+            digests = hash_file(path, md5=upload_md5)  # the md5 only for a backend that uses it (not S3's, GCS's)
             self.backend.upload(path, self.url, self.url.key(f"node-{node}/{rel}"), size=st.st_size,
                                 digests=digests, expect=None, progress=_noop)
             after = path.stat()

@@ -6,15 +6,16 @@ of the wire (and of botocore's credential chain, when it is used) are translated
 nowhere else.
 
 Integrity on the wire: every PUT and UploadPart is signed by the sha256 of the exact bytes sent
-(``x-amz-content-sha256``, which S3 verifies: XAmzContentSHA256Mismatch), carries ``Content-MD5`` (BadDigest)
-and a flexible checksum, ``x-amz-checksum-sha256`` (S3 stores it: any SDK reading with ``ChecksumMode=ENABLED``
-verifies what gtrain wrote; a multipart upload declares ``SHA256`` and sends each part's, giving S3's composite
-checksum); an object another tool wrote with a full-object sha256 checksum is verified against it on download; a
-single-part ETag must equal our md5 (unless SSE-KMS/SSE-C, where the ETag is not the md5) and a multipart ETag
-the md5 of our parts' md5s. Every object carries ``gtrain-sha256`` metadata that downloads are verified against
-(the engine), single GETs are hashed while streaming, and every GET is pinned with ``If-Match`` to the ETag the
-listing showed. Large objects move in ``part_size`` parts over a shared pool of ``workers`` threads (memory: at
-most ``workers`` parts at once).
+(``x-amz-content-sha256``, which S3 verifies: XAmzContentSHA256Mismatch) and carries that same sha256 as a
+flexible checksum, ``x-amz-checksum-sha256`` (signed; S3 verifies it, BadDigest, and stores it: any SDK reading
+with ``ChecksumMode=ENABLED`` verifies what gtrain wrote). A single PUT also carries ``Content-MD5`` and its ETag
+must equal our md5 (unless SSE-KMS/SSE-C, where the ETag is not the md5). A multipart upload hashes each part
+once (sha256; no md5, no Content-MD5), declares ``SHA256`` and checks S3's composite checksum (sha256 of the
+parts' sha256s, ``-N``) against ours (:meth:`S3Backend._check_assembled`); an object another tool wrote with a
+full-object sha256 checksum is verified against it on download. Every object carries ``gtrain-sha256``
+metadata that downloads are verified against (the engine), single GETs are hashed while streaming, and every GET
+is pinned with ``If-Match`` to the ETag the listing showed. Large objects move in ``part_size`` parts over a
+shared pool of ``workers`` threads (memory: at most ``workers`` parts at once).
 """
 
 from __future__ import annotations
@@ -75,7 +76,22 @@ def _md5_of(etag: str, headers: dict[str, str] | None = None) -> str | None:
     return etag
 
 
+def _holds(held: tuple[int, str, str], length: int, data: bytes, sha: bytes) -> bool:
+    """A part S3 listed (size, ETag, base64 sha256 or "") holds ``data``: by its checksum where listed, else by
+    its md5 (the ETag of an unencrypted part); the md5 is computed only here, for a part a resumed upload has."""
+    size, etag, checksum = held
+    if size != length:
+        return False
+    if checksum:
+        return checksum == s3wire.b64(sha)
+    return bool(_MD5_ETAG.match(etag)) and hashlib.md5(data, usedforsecurity=False).hexdigest() == etag
+
+
 class S3Backend:
+    # the engine hashes a file it hands to upload() without its md5: a multipart upload needs none (parts are
+    # checked by sha256), a single PUT computes it from the bytes it sends (upload())
+    upload_md5 = False
+
     def __init__(self, client: s3wire.S3Wire | None = None, *, fld: str = "DST", workers: int = DEFAULT_WORKERS,
                  multipart_threshold: int = DEFAULT_MULTIPART_THRESHOLD, part_size: int = DEFAULT_PART_SIZE) -> None:
         self.fld = fld
@@ -180,6 +196,8 @@ class S3Backend:
                 if hashlib.sha256(body).hexdigest() != digests.sha256:
                     raise SyncError(f"{path} changed while it was being read",
                                     hint="re-run once it is no longer written")
+                if not digests.md5:  # for the ETag check (upload_md5 = False)
+                    digests = Digests(digests.sha256, hashlib.md5(body, usedforsecurity=False).hexdigest())
                 return self._put(body, url, key, digests, progress)
             return self._upload_multipart(path, url, key, size, digests, progress)
 
@@ -191,9 +209,14 @@ class S3Backend:
 
     def _put(self, body: bytes, url: RemoteURL, key: str, digests: Digests,
              progress: Callable[[int], None]) -> RemoteObject:
-        r = self.wire.request("PUT", url.bucket, key, body=body, body_sha256=digests.sha256, headers={
-            "content-md5": s3wire.md5_b64(body), _META_HEADER: digests.sha256,
-            _CHECKSUM: s3wire.b64(bytes.fromhex(digests.sha256)), "content-type": "application/octet-stream"})
+        # Content-MD5 from the md5 the engine (or upload()) computed for the ETag check, not hashed again: it
+        # costs neither side measurably (the server computes the md5 for the ETag anyway) and a server that
+        # checks neither sha256 still refuses a corrupted body before it replaces the object
+        headers = {_META_HEADER: digests.sha256, _CHECKSUM: s3wire.b64(bytes.fromhex(digests.sha256)),
+                   "content-type": "application/octet-stream"}
+        if digests.md5:
+            headers["content-md5"] = s3wire.b64(bytes.fromhex(digests.md5))
+        r = self.wire.request("PUT", url.bucket, key, body=body, body_sha256=digests.sha256, headers=headers)
         etag = r.headers.get("etag", "").strip('"')
         md5 = _md5_of(etag, r.headers)
         if md5 is not None and md5 != digests.md5:
@@ -233,9 +256,11 @@ class S3Backend:
                 self.journal.upload_ended(key, upload_id)
 
     def _resumable(self, url: RemoteURL, key: str, size: int, mtime_ns: int, digests: Digests
-                   ) -> tuple[str, int, dict[int, tuple[int, str]]] | None:
-        """(upload id, part size, {part number: (size, etag)}) of this file's unfinished upload, if it can go
-        on: same size, mtime and sha256 as when it began, and S3 still has it. Otherwise it is aborted."""
+                   ) -> tuple[str, int, dict[int, tuple[int, str, str]]] | None:
+        """(upload id, part size, {part number: (size, etag, base64 sha256 or "")}) of this file's unfinished
+        upload, if it can go on: same size, mtime and sha256 as when it began, and S3 still has it. Otherwise it is
+        aborted. S3 lists each part's ``ChecksumSHA256`` (the upload declared SHA256); servers that do not, only
+        its ETag (the part's md5)."""
         with self._open_lock:
             up = self._open.pop(key, None)
         if up is None:
@@ -243,7 +268,7 @@ class S3Backend:
         if (up.size, up.mtime_ns, up.sha256) != (size, mtime_ns, digests.sha256):
             self._abort(url, key, up.upload_id)
             return None
-        parts: dict[int, tuple[int, str]] = {}
+        parts: dict[int, tuple[int, str, str]] = {}
         marker = "0"
         try:
             while True:
@@ -252,7 +277,8 @@ class S3Backend:
                 root = s3wire.parse_xml(r.body)
                 for p in root.iter("Part"):
                     parts[int(p.findtext("PartNumber") or 0)] = (int(p.findtext("Size") or 0),
-                                                                 (p.findtext("ETag") or "").strip('"'))
+                                                                 (p.findtext("ETag") or "").strip('"'),
+                                                                 (p.findtext("ChecksumSHA256") or "").strip())
                 if (root.findtext("IsTruncated") or "").lower() != "true":
                     break
                 marker = root.findtext("NextPartNumberMarker") or ""
@@ -285,38 +311,38 @@ class S3Backend:
                 self.journal.upload_begun(OpenUpload(key, upload_id, size, mtime_ns, ps, digests.sha256))
         ranges = [(i + 1, off, min(ps, size - off)) for i, off in enumerate(range(0, size, ps))]
 
-        def one(part: tuple[int, int, int]) -> tuple[str, bytes, str]:
+        def one(part: tuple[int, int, int]) -> tuple[str, bytes]:
+            # one hash per part: its sha256 signs the body (x-amz-content-sha256) and is its checksum header
             n, off, length = part
             data = s3wire.file_part(path, off, length)
-            md5 = hashlib.md5(data, usedforsecurity=False)
-            sha = hashlib.sha256(data)
-            if have.get(n) == (length, md5.hexdigest()):  # S3 holds exactly these bytes already
+            sha = hashlib.sha256(data).digest()
+            held = have.get(n)
+            if held is not None and _holds(held, length, data, sha):  # S3 has exactly these bytes already
                 progress(length)
-                return md5.hexdigest(), md5.digest(), s3wire.b64(sha.digest())
+                return held[1], sha
             resp = wire.request("PUT", bucket, key, query={"partNumber": str(n), "uploadId": upload_id},
-                                body=data, body_sha256=sha.hexdigest(),
-                                headers={"content-md5": s3wire.b64(md5.digest()),
-                                         _CHECKSUM: s3wire.b64(sha.digest())})
-            etag = resp.headers.get("etag", "").strip('"')
-            if _MD5_ETAG.match(etag) and etag != md5.hexdigest() and _md5_of(etag, resp.headers) is not None:
-                raise SyncError(f"s3://{bucket}/{key}: part {n} stored with md5 {etag}, we sent {md5.hexdigest()}",
-                                hint="the upload was corrupted; re-run")
+                                body=data, body_sha256=sha.hex(), headers={_CHECKSUM: s3wire.b64(sha)})
+            echoed = resp.headers.get(_CHECKSUM)
+            if echoed and echoed != s3wire.b64(sha):
+                raise SyncError(f"s3://{bucket}/{key}: part {n} stored with sha256 {echoed}, we sent "
+                                f"{s3wire.b64(sha)}", hint="the upload was corrupted; re-run")
             progress(length)
-            return etag, md5.digest(), s3wire.b64(sha.digest())
+            return resp.headers.get("etag", "").strip('"'), sha
 
         done = False
-        futures: list[Future[tuple[str, bytes, str]]] = []
+        futures: list[Future[tuple[str, bytes]]] = []
         try:
             futures = [self._workers().submit(one, p) for p in ranges]
             results = [f.result() for f in futures]
-            expected = s3wire.multipart_etag([m for _, m, _ in results])
-            resp = wire.request("POST", bucket, key, query={"uploadId": upload_id},
-                                body=s3wire.complete_xml([e for e, _, _ in results], [c for _, _, c in results]))
+            expected = s3wire.composite_sha256([d for _, d in results])
+            resp = wire.request("POST", bucket, key, query={"uploadId": upload_id}, body=s3wire.complete_xml(
+                [e for e, _ in results], [s3wire.b64(d) for _, d in results]))
             root = s3wire.parse_xml(resp.body)
             if root.tag == "Error":  # CompleteMultipartUpload can fail with a 200
                 raise s3wire.S3WireError(500, root.findtext("Code") or "InternalError",
                                          root.findtext("Message") or "", bucket=bucket, key=key)
             etag = (root.findtext("ETag") or "").strip('"')
+            self._check_assembled(url, key, size, (root.findtext("ChecksumSHA256") or "").strip(), expected)
             done = True
             if self.journal is not None:
                 self.journal.upload_ended(key, upload_id)
@@ -329,11 +355,26 @@ class S3Backend:
             if not done:  # KeyboardInterrupt / SystemExit: the journal keeps it for the next sync to resume
                 for f in futures:
                     f.cancel()
-        # S3 (and MinIO, Ceph...) answer md5(part md5s)-N; a few S3-compatible servers the whole file's md5
-        if etag != expected and etag != digests.md5:
-            raise SyncError(f"s3://{bucket}/{key}: multipart ETag {etag} is not the md5 of the parts we sent "
-                            f"({expected})", hint="the upload was corrupted or changed concurrently; re-run")
         return RemoteObject(key, size, etag, md5=None, sha256=digests.sha256)
+
+    def _check_assembled(self, url: RemoteURL, key: str, size: int, got: str, expected: str) -> None:
+        """The object a CompleteMultipartUpload made is what we sent: its composite checksum (S3 answers it,
+        ``<b64>-N``) equals the one of our parts' sha256s. A server that does not answer it: the checksum and
+        size the object carries (HEAD), as far as it carries them (each part was checked on arrival against its
+        signed sha256). A mismatch deletes the object (its gtrain-sha256 metadata would vouch for bytes it does
+        not hold) and fails the file."""
+        what = f"composite checksum {got}"
+        if not got:
+            head = self.wire.request("HEAD", url.bucket, key, headers=_READ_CHECKSUMS)
+            got, what = head.headers.get(_CHECKSUM, ""), f"composite checksum {head.headers.get(_CHECKSUM)}"
+            if int(head.headers.get("content-length", -1)) != size:
+                got, what = "?", f"{head.headers.get('content-length')} bytes (we sent {size})"
+        if got and got not in (expected, expected.rpartition("-")[0]):
+            with contextlib.suppress(GtrainError, s3wire.S3WireError):
+                self.wire.request("DELETE", url.bucket, key, ok=(200, 204, 404))
+            raise SyncError(f"s3://{url.bucket}/{key}: S3 assembled an object with {what}, the parts we sent "
+                            f"make {expected}; it was deleted",
+                            hint="the upload was corrupted or changed concurrently; re-run")
 
     def download(self, url: RemoteURL, obj: RemoteObject, dest: Path, *,
                  progress: Callable[[int], None]) -> tuple[RemoteObject, Digests | None]:

@@ -16,8 +16,9 @@ with settings we do not model (``services``, FIPS / dual-stack / accelerate, an 
 URL botocore itself would use, read off a presigned URL. A bucket in another region is followed through
 the ``x-amz-bucket-region`` header, as botocore's redirector does.
 
-Integrity: every body is signed by its sha256 (``x-amz-content-sha256``, which S3 checks) and carries
-``Content-MD5`` (checked too); a multipart upload's final ETag is compared with the md5 of its parts' md5s.
+Integrity: every body is signed by its sha256 (``x-amz-content-sha256``, which S3 checks); object and part
+bodies also carry that same sha256 as the flexible checksum ``x-amz-checksum-sha256`` (checked and stored), and
+a multipart upload's composite checksum (:func:`composite_sha256`) is compared with the one S3 answers.
 Retries: 5 attempts with jittered exponential backoff on 5xx and broken connections; throttling (429,
 503, ``SlowDown``) backs off longer (0.5 s doubling, at most 20 s, or the server's ``Retry-After``), so a
 storm costs at most ~25 s per request before it fails; a body is re-sent from its bytes, never from a
@@ -363,8 +364,10 @@ def list_objects(wire: S3Wire, bucket: str, prefix: str) -> Iterator[Listed]:
             return
 
 
-def multipart_etag(part_md5s: list[bytes]) -> str:
-    return f"{hashlib.md5(b''.join(part_md5s), usedforsecurity=False).hexdigest()}-{len(part_md5s)}"
+def composite_sha256(part_sha256s: list[bytes]) -> str:
+    """S3's composite checksum of a multipart upload made with ``SHA256``: base64(sha256 of the parts' raw
+    sha256 digests, in order) + ``-N`` (what CompleteMultipartUpload answers as ``ChecksumSHA256``)."""
+    return f"{b64(hashlib.sha256(b''.join(part_sha256s)).digest())}-{len(part_sha256s)}"
 
 
 def complete_xml(etags: list[str], sha256s: list[str] | None = None) -> bytes:
@@ -403,5 +406,5 @@ def file_part(path: Path, offset: int, length: int) -> bytes:
 
 
 __all__ = ["EMPTY_SHA256", "Credentials", "Listed", "NoCredentials", "Response", "S3Wire", "S3WireError", "Settings",
-           "Signer", "b64", "canonical_query", "complete_xml", "delete_xml", "file_part", "list_objects", "md5_b64",
-           "multipart_etag", "parse_xml", "resolve_settings"]
+           "Signer", "b64", "canonical_query", "complete_xml", "composite_sha256", "delete_xml", "file_part",
+           "list_objects", "md5_b64", "parse_xml", "resolve_settings"]

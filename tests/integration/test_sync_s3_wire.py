@@ -337,3 +337,106 @@ def test_an_authenticating_proxy_for_https_tunnels_with_connect(tmp_path: Path, 
             sync(str(tmp_path / "src"), f"s3://{bucket}/tls2")
     finally:
         relay.close()
+
+
+def test_multipart_parts_carry_one_sha256_and_the_composite_checksum_is_checked(tmp_path: Path, s3: Any,
+                                                                                 bucket: str, weed_env: Weed) -> None:
+    """Each part goes with its sha256 as the signed payload hash AND as the signed x-amz-checksum-sha256 (one
+    hash), with no Content-MD5. A relay that rewrites CompleteMultipartUpload's ChecksumSHA256 (same length, so
+    only the comparison can tell) fails the file clearly; the upload is aborted and the object the server
+    assembled is deleted (its gtrain-sha256 would vouch for it otherwise); a re-run uploads it."""
+    parts: dict[str, tuple[dict[str, str], bytes]] = {}  # by path (seen before and after the server answers)
+    tamper = [False]
+
+    def watch(h: Any, body: bytes | None, data: bytes) -> bool:
+        if h.command == "PUT" and "partNumber=" in h.path:
+            parts[h.path] = ({k.lower(): v for k, v in h.headers.items()}, body or b"")
+        if data and tamper[0] and h.command == "POST" and "uploadId=" in h.path and b"<ChecksumSHA256>" in data:
+            forged = base64.b64encode(hashlib.sha256(b"forged").digest())
+            h.wfile.write(re.sub(rb"<ChecksumSHA256>[^<-]+", b"<ChecksumSHA256>" + forged, data))
+            return True
+        return False
+
+    src = tmp_path / "src"
+    src.mkdir()
+    big = os.urandom(12 * MiB + 5)  # 3 parts of 5 MiB
+    (src / "big.bin").write_bytes(big)
+    mid = os.urandom(2 * MiB)  # above the engine's in-memory size, below the threshold: one PUT from upload()
+    (src / "mid.bin").write_bytes(mid)
+    relay = _Relay(weed_env.endpoint.removeprefix("http://"), watch)
+    try:
+        url = f"s3://{bucket}/mp"
+        assert sync(str(src), url, client_factory=via(relay.endpoint), multipart_threshold=5 * MiB,
+                    part_size=5 * MiB).uploaded == 2
+        assert s3.head_object(Bucket=bucket, Key="mp/mid.bin")["ETag"].strip('"') == hashlib.md5(mid).hexdigest()
+        assert len(parts) == 3
+        for headers, body in parts.values():
+            sha = hashlib.sha256(body).digest()
+            assert "content-md5" not in headers
+            assert headers["x-amz-checksum-sha256"] == base64.b64encode(sha).decode()
+            assert headers["x-amz-content-sha256"] == sha.hex()
+            assert "x-amz-checksum-sha256" in headers["authorization"].split("SignedHeaders=")[1].split(",")[0]
+        head = s3.head_object(Bucket=bucket, Key="mp/big.bin", ChecksumMode="ENABLED")
+        digests = [hashlib.sha256(big[i:i + 5 * MiB]).digest() for i in range(0, len(big), 5 * MiB)]
+        assert head["ChecksumSHA256"] == base64.b64encode(hashlib.sha256(b"".join(digests)).digest()).decode() + "-3"
+
+        big = os.urandom(len(big))
+        (src / "big.bin").write_bytes(big)
+        tamper[0] = True
+        with pytest.raises(SyncError, match=r"mp/big\.bin: S3 assembled an object with composite checksum .*deleted"):
+            sync(str(src), url, client_factory=via(relay.endpoint), multipart_threshold=5 * MiB, part_size=5 * MiB)
+        assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+        assert "mp/big.bin" not in remote_tree(s3, bucket)
+    finally:
+        relay.close()
+    assert sync(str(src), url, multipart_threshold=5 * MiB, part_size=5 * MiB).uploaded == 1
+    assert s3.get_object(Bucket=bucket, Key="mp/big.bin")["Body"].read() == big
+
+
+def test_a_resumed_upload_trusts_a_listed_part_checksum_over_its_etag(tmp_path: Path, s3: Any, bucket: str,
+                                                                     weed_env: Weed, repo_root: Path) -> None:
+    """S3 lists each part's ChecksumSHA256 (the upload declared SHA256); SeaweedFS does not, so a relay adds it
+    to ListParts: part 1's right, part 2's wrong. Resuming keeps part 1 and sends part 2 again although its ETag
+    (the md5 of what it holds) matches the file: the checksum, where listed, is what decides."""
+    import http.client
+    import subprocess
+    import sys
+
+    from tests.integration.test_sync_s3 import KILL_AT_PART_3
+
+    src = tmp_path / "src"
+    src.mkdir()
+    big = os.urandom(25 * MiB + 7)  # 6 parts of 5 MiB
+    (src / "big.bin").write_bytes(big)
+    url = f"s3://{bucket}/mp"
+    p = subprocess.run([sys.executable, "-c", KILL_AT_PART_3, str(src), url], cwd=repo_root, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 17, p.stderr  # parts 1 and 2 are in S3
+    sums = {"1": base64.b64encode(hashlib.sha256(big[:5 * MiB]).digest()).decode(),
+            "2": base64.b64encode(hashlib.sha256(b"not part 2").digest()).decode()}
+    upstream = weed_env.endpoint.removeprefix("http://")
+
+    def list_parts_with_checksums(h: Any, body: bytes | None, data: bytes) -> bool:
+        if data or h.command != "GET" or "uploadId=" not in h.path:
+            return False
+        c = http.client.HTTPConnection(upstream, timeout=30)
+        c.request("GET", h.path, headers=dict(h.headers.items()))
+        r = c.getresponse()
+        xml = re.sub(rb"<PartNumber>(\d+)</PartNumber>", lambda m: m.group(0) + b"<ChecksumSHA256>"
+                     + sums[m.group(1).decode()].encode() + b"</ChecksumSHA256>", r.read())
+        c.close()
+        answer(h, r.status, xml, Content_Type="application/xml")
+        return True
+
+    sent: list[str] = []
+    relay = _Relay(upstream, list_parts_with_checksums)
+    try:
+        e = {**os.environ, "AWS_ENDPOINT_URL": relay.endpoint}
+        client = lambda: S3Wire(settings=resolve_settings(env=e), on_request=lambda method, target: sent.append(  # noqa: E731
+            target.split("partNumber=")[1].split("&")[0]) if method == "PUT" and "partNumber=" in target else None)
+        assert sync(str(src), url, client_factory=client, multipart_threshold=5 * MiB, part_size=5 * MiB).uploaded == 1
+    finally:
+        relay.close()
+    assert sorted(sent, key=int) == ["2", "3", "4", "5", "6"]
+    assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+    assert s3.get_object(Bucket=bucket, Key="mp/big.bin")["Body"].read() == big

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gtrain.sync.s3wire import EMPTY_SHA256, Signer, canonical_query, multipart_etag, resolve_settings
+from gtrain.sync.s3wire import EMPTY_SHA256, Signer, canonical_query, composite_sha256, resolve_settings
 
 EXAMPLE_KEY = "AKIAIOSFODNN7EXAMPLE"
 EXAMPLE_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
@@ -56,12 +56,17 @@ def test_signature_agrees_with_botocore_for_a_session_token_a_query_and_odd_keys
     assert ours["authorization"].endswith("Signature=" + auth.signature(auth.string_to_sign(req, creq), req))
 
 
-def test_multipart_etag_is_md5_of_part_md5s() -> None:
+def test_composite_sha256_is_sha256_of_part_sha256s() -> None:
+    """S3's COMPOSITE checksum: base64(sha256(part digests, in order)) + "-N" (that a server answers the same
+    is tested against SeaweedFS: tests/integration/test_sync_s3_wire.py)."""
+    import base64
     import hashlib
 
     parts = [b"a" * 10, b"b" * 3]
-    md5s = [hashlib.md5(p).digest() for p in parts]
-    assert multipart_etag(md5s) == hashlib.md5(b"".join(md5s)).hexdigest() + "-2"
+    digests = [hashlib.sha256(p).digest() for p in parts]
+    want = base64.b64encode(hashlib.sha256(b"".join(digests)).digest()).decode() + "-2"
+    assert composite_sha256(digests) == want
+    assert composite_sha256(digests[::-1]) != want  # the order of the parts counts
 
 
 def write(p: Path, text: str) -> str:
