@@ -39,7 +39,6 @@ import re
 import threading
 import time
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
