@@ -3,9 +3,10 @@
 answered without importing typer, click or rich (~30-50 ms saved each).
 
 Exactly those invocations; everything else (any other flag, ``-h``, ``--``, a bad ``--workers`` value, a missing or
-extra argument, shell completion) goes to Typer, which answers as it always has (usage errors: its message, exit 2). The help text is
-laid out as click lays it out (``HelpFormatter``: width ``min(columns, 80) - 2``, at least 50; its
-definition lists and wrapping), and a test compares it with Typer's own at every width."""
+extra argument, shell completion) goes to Typer, which answers as it always has (usage errors: its message, exit 2).
+The help text is laid out as click lays it out (``HelpFormatter``: width ``min(columns, 80) - 2``, at least 50; its
+definition lists and wrapping), and a test compares it with Typer's own at every width. ``sync``'s body is
+``gtrain/cli/sync_run.py``, the same function the Typer command calls."""
 
 from __future__ import annotations
 

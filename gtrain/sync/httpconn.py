@@ -9,7 +9,6 @@ import http.client
 import os
 import random
 import threading
-import urllib.parse
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -24,6 +23,7 @@ def proxy_for(scheme: str, netloc: str) -> tuple[str | None, str | None]:
     ``HTTPS_PROXY`` / ``HTTP_PROXY`` / ``NO_PROXY`` say; (None, None): go direct."""
     if not any(k[-6:].lower() == "_proxy" for k in os.environ):  # all getproxies_environment reads: none set
         return None, None
+    import urllib.parse
     import urllib.request  # here: with no proxy in the environment a sync need not import it (~3 ms)
 
     proxies = urllib.request.getproxies_environment()
