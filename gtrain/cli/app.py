@@ -2,7 +2,7 @@
 0 ok, 2 bad input, 1 other failure, the job's own exit code for `launch --wait`, `logs -f` and `run`.
 A traceback is shown only with GTRAIN_DEBUG=1.
 
-Start-up is kept cheap: `gtrain`, `--help`, `--version` and `status` skip typer altogether
+Start-up is kept cheap: `gtrain`, `--help`, `--version`, `status` and `sync` skip typer altogether
 (``gtrain/cli/fast.py``); everything else gets a Typer group that imports a command's module only when that
 command runs (``gtrain/cli/commands.py`` holds the names and help lines)."""
 
@@ -30,6 +30,11 @@ EXTRAS: dict[str, str] = {
 }
 
 _TYPE_NAMES = {"str": "TEXT", "text": "TEXT", "int": "INTEGER", "integer": "INTEGER", "float": "FLOAT"}
+
+
+def interrupted(code: int) -> str:
+    """What an interrupted command says, whichever path ran it (Typer's or the fast one)."""
+    return "Interrupted." if code == 130 else f"Interrupted (signal {code - 128})."
 
 
 def build_app() -> Any:
@@ -84,7 +89,7 @@ def build_app() -> Any:
 
                 code = exit_code_of(e)
                 with contextlib.suppress(OSError, ValueError):
-                    err("Interrupted." if code == 130 else f"Interrupted (signal {code - 128}).")
+                    err(interrupted(code))
                 raise SystemExit(code) from None
             except BrokenPipeError:  # stdout closed under us (`gtrain down | head -1`): the work is done
                 with contextlib.suppress(OSError):
@@ -181,7 +186,7 @@ def main() -> None:
 
         code = exit_code_of(e)
         with contextlib.suppress(OSError, ValueError):
-            err("Interrupted." if code == 130 else f"Interrupted ({e}).")
+            err(interrupted(code))
         sys.exit(code)
     except BrokenPipeError:  # stdout closed under us (`gtrain ... | head -1`): what had to happen has happened
         with contextlib.suppress(OSError):

@@ -1,9 +1,12 @@
-"""The fast path of ``main()``: ``gtrain``, ``gtrain -h/--help``, ``gtrain --version`` and
-``gtrain status [CLUSTER] [--json]`` answered without importing typer, click or rich (~50 ms saved each).
+"""The fast path of ``main()``: ``gtrain``, ``gtrain -h/--help``, ``gtrain --version``,
+``gtrain status [CLUSTER] [--json]`` and ``gtrain sync SRC DST [--delete] [--dry-run] [--workers N] [--json]``
+answered without importing typer, click or rich (~30-50 ms saved each).
 
-Exactly those invocations; everything else (any other flag, shell completion) goes to Typer. The help text is
-laid out as click lays it out (``HelpFormatter``: width ``min(columns, 80) - 2``, at least 50; its
-definition lists and wrapping), and a test compares it with Typer's own at every width."""
+Exactly those invocations; everything else (any other flag, ``-h``, ``--``, a bad ``--workers`` value, a missing or
+extra argument, shell completion) goes to Typer, which answers as it always has (usage errors: its message, exit 2).
+The help text is laid out as click lays it out (``HelpFormatter``: width ``min(columns, 80) - 2``, at least 50; its
+definition lists and wrapping), and a test compares it with Typer's own at every width. ``sync``'s body is
+``gtrain/cli/sync_run.py``, the same function the Typer command calls."""
 
 from __future__ import annotations
 
@@ -99,6 +102,46 @@ def _status_args(args: list[str]) -> tuple[str | None, bool] | None:
     return (rest[0] if rest else None), len(rest) != len(args)
 
 
+#: ``sync``'s flags and their keyword in :func:`gtrain.cli.sync_run.run_sync`
+_SYNC_FLAGS = {"--delete": "delete", "--dry-run": "dry_run", "--json": "json_"}
+_SYNC_WORKERS = 16  # the --workers option's default (gtrain/cli/data_cmds.py; a test holds them equal)
+
+
+def _sync_args(args: list[str]) -> dict[str, object] | None:
+    """``SRC DST`` with ``--delete``, ``--dry-run``, ``--json``, ``--workers N`` / ``--workers=N`` (N in 1..128,
+    plain digits), in any order, each at most once -> run_sync's keywords; None for anything else."""
+    kw: dict[str, object] = {"delete": False, "dry_run": False, "json_": False, "workers": _SYNC_WORKERS}
+    seen: set[str] = set()
+    pos: list[str] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        i += 1
+        if not a.startswith("-"):
+            pos.append(a)
+            continue
+        name, eq, value = a.partition("=")
+        if name in seen:
+            return None
+        seen.add(name)
+        if name in _SYNC_FLAGS and not eq:
+            kw[_SYNC_FLAGS[name]] = True
+            continue
+        if name != "--workers":
+            return None  # -h, --help, --, -, an unknown option, a value given to a flag
+        if not eq:
+            if i == len(args):
+                return None
+            value, i = args[i], i + 1
+        if not (value.isascii() and value.isdigit() and 1 <= int(value) <= 128):
+            return None
+        kw["workers"] = int(value)
+    if len(pos) != 2:
+        return None
+    kw["src"], kw["dst"] = pos
+    return kw
+
+
 def handle(argv: list[str]) -> int | None:
     """Answer ``argv`` (without the program name) if it is one of the fast invocations: the exit code;
     None means "not one of them" and Typer takes over."""
@@ -119,5 +162,12 @@ def handle(argv: list[str]) -> int | None:
             from gtrain.cli.views import show_status
 
             show_status(*parsed)
+            return 0
+    if argv[:1] == ["sync"]:
+        kw = _sync_args(argv[1:])
+        if kw is not None:
+            from gtrain.cli.sync_run import run_sync
+
+            run_sync(**kw)  # type: ignore[arg-type]
             return 0
     return None

@@ -40,7 +40,6 @@ import re
 import threading
 import time
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
