@@ -29,7 +29,7 @@ from gtrain.sync.model import (
     RemoteObject,
     RemoteURL,
 )
-from gtrain.sync.ranges import download_ranges
+from gtrain.sync.ranges import Fetch, download_ranges
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
@@ -198,7 +198,7 @@ class AzureBackend:
                                          self._ranged_fetch(url, obj), progress,
                                          want_md5=head.sha256 is None, where=f"az://{url.bucket}/{obj.key}")
 
-    def _ranged_fetch(self, url: RemoteURL, obj: RemoteObject) -> Callable[[int, int], bytes]:
+    def _ranged_fetch(self, url: RemoteURL, obj: RemoteObject) -> Fetch:
         """``fetch(first, last)``: one ranged GET of ``obj`` pinned to its ETag."""
 
         def fetch(first: int, last: int) -> bytes:
