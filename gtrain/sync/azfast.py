@@ -35,6 +35,7 @@ from gtrain.errors import SyncError
 from gtrain.sync import azwire
 from gtrain.sync.azure import _META, AzureBackend
 from gtrain.sync.model import Digests, RemoteObject, RemoteURL
+from gtrain.sync.ranges import Fetch
 from gtrain.sync.s3fast import _PROXY_VARS, _code, get_to_file, ranged_fetch
 
 _META_NAME = _META.removeprefix("x-ms-meta-")
@@ -172,14 +173,14 @@ class ObstoreAzureBackend(AzureBackend):
             raise SyncError(f"{path} changed while it was being uploaded", hint="re-run once it is no longer written")
         return RemoteObject(key, size, (r["e_tag"] or "").strip('"'), sha256=digests.sha256)
 
-    def _ranged_fetch(self, url: RemoteURL, obj: RemoteObject) -> Callable[[int, int], bytes]:
+    def _ranged_fetch(self, url: RemoteURL, obj: RemoteObject) -> Fetch:
         return ranged_fetch(self._store(url.bucket), obj.key, str(obj.version))
 
     def _get_small(self, url: RemoteURL, obj: RemoteObject, dest: Path,
                    progress: Callable[[int], None]) -> tuple[RemoteObject, Digests]:
         r, digests = get_to_file(self._store(url.bucket), obj.key, str(obj.version), dest, progress,
                                  lambda why: azwire.AzureWireError(0, "StreamBroken", why, container=url.bucket,
-                                                                   blob=obj.key))
+                                                                   blob=obj.key), _META_NAME)
         return self._from_result(obj.key, r), digests
 
     def delete(self, url: RemoteURL, keys: builtins.list[str]) -> None:

@@ -14,13 +14,13 @@ from __future__ import annotations
 import builtins
 import contextlib
 import hashlib
-import http.client
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gtrain.errors import ConfigError, CredentialsError, GtrainError, SyncError
 from gtrain.sync import azwire
+from gtrain.sync.httpconn import body_to_file
 from gtrain.sync.model import (
     DEFAULT_MULTIPART_THRESHOLD,
     DEFAULT_PART_SIZE,
@@ -29,7 +29,7 @@ from gtrain.sync.model import (
     RemoteObject,
     RemoteURL,
 )
-from gtrain.sync.ranges import download_ranges
+from gtrain.sync.ranges import Fetch, download_ranges
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
@@ -40,7 +40,6 @@ _CRED_HINT = ("set AZURE_STORAGE_ACCOUNT with AZURE_STORAGE_KEY or AZURE_STORAGE
 _CRED_CODES = {"AuthenticationFailed", "AuthorizationFailure", "AuthorizationPermissionMismatch",
                "InvalidAuthenticationInfo", "AccountIsDisabled", "InsufficientAccountPermissions",
                "ProxyAuthenticationRequired"}
-_READ_CHUNK = 1 << 20
 _REREAD = "re-run once it is no longer written"
 _MAX_BLOCKS = 50_000
 
@@ -198,7 +197,7 @@ class AzureBackend:
                                          self._ranged_fetch(url, obj), progress,
                                          want_md5=head.sha256 is None, where=f"az://{url.bucket}/{obj.key}")
 
-    def _ranged_fetch(self, url: RemoteURL, obj: RemoteObject) -> Callable[[int, int], bytes]:
+    def _ranged_fetch(self, url: RemoteURL, obj: RemoteObject) -> Fetch:
         """``fetch(first, last)``: one ranged GET of ``obj`` pinned to its ETag."""
 
         def fetch(first: int, last: int) -> bytes:
@@ -211,29 +210,12 @@ class AzureBackend:
                    progress: Callable[[int], None]) -> tuple[RemoteObject, Digests]:
         r = self.wire.request("GET", url.bucket, obj.key, headers={"if-match": f'"{obj.version}"'}, stream=True)
         assert r.stream is not None
-        sha, md5 = hashlib.sha256(), hashlib.md5(usedforsecurity=False)
-        got = 0
-        try:
-            with open(dest, "wb") as f:
-                while chunk := r.stream.read(_READ_CHUNK):
-                    f.write(chunk)
-                    sha.update(chunk)
-                    md5.update(chunk)
-                    got += len(chunk)
-                    progress(len(chunk))
-            want = int(r.headers.get("content-length", got))
-            if got != want:  # http.client's read(n) ends quietly when the server closes early
-                raise http.client.IncompleteRead(b"", want - got)
-        except (OSError, ValueError, http.client.HTTPException) as e:
-            self.wire.discard_thread_connections()
-            if isinstance(e, OSError) and e.filename is not None:  # our file, not the network
-                raise
-            progress(-got)
-            raise azwire.AzureWireError(0, "StreamBroken", f"download broke ({type(e).__name__}): {e}",
-                                        container=url.bucket, blob=obj.key) from e
-        finally:
-            r.stream.close()
-        return self._from_headers(obj.key, r.headers), Digests(sha.hexdigest(), md5.hexdigest())
+        got = self._from_headers(obj.key, r.headers)  # its sha256 known: no md5 needed to check it
+        digests = body_to_file(r.stream, int(r.headers.get("content-length", -1)), dest, progress,
+                               want_md5=got.sha256 is None, discard=self.wire.discard_thread_connections,
+                               broken=lambda why: azwire.AzureWireError(0, "StreamBroken", why, container=url.bucket,
+                                                                        blob=obj.key))
+        return got, digests
 
     def delete(self, url: RemoteURL, keys: builtins.list[str]) -> None:
         def one(key: str) -> None:

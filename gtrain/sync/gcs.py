@@ -219,10 +219,20 @@ class GCSBackend:
                          b"\r\ncontent-type: application/octet-stream\r\n\r\n", data, b"\r\n--", b, b"--\r\n"))
         query = {"uploadType": "multipart", "ifGenerationMatch": str(generation), "fields": _OBJ_FIELDS}
         ctype = f'multipart/related; boundary="{b.decode()}"'
-        resource = self._wire.call_json("POST", self._wire.url(f"/upload/storage/v1/b/{quote(url.bucket, safe='')}/o",
-                                                               query), body=body, headers={"Content-Type": ctype})
+        from google.api_core import exceptions as gx
+
+        target = self._wire.url(f"/upload/storage/v1/b/{quote(url.bucket, safe='')}/o", query)
+        try:
+            got = self._obj_from_resource(self._wire.call_json("POST", target, body=body,
+                                                               headers={"Content-Type": ctype}))
+        except gx.PreconditionFailed:
+            # a try whose answer was lost may have made the object: a retry then fails the precondition on our
+            # own write. Taken as done only where the object is, by its sha256 and crc32c, exactly what we sent.
+            there = self.head(url, key)
+            if there is None or there.sha256 != digests.sha256 or there.crc32c != crc:
+                raise
+            got = there
         progress(len(data))
-        got = self._obj_from_resource(resource)
         if got.crc32c is not None and got.crc32c != crc:
             raise SyncError(f"gs://{url.bucket}/{key}: GCS stored crc32c {got.crc32c}, we sent {crc}",
                             hint="the upload was corrupted; re-run")

@@ -5,17 +5,23 @@ Stdlib only (it runs on nodes too)."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import http.client
 import os
 import random
 import threading
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
+
+from gtrain.sync.model import Digests
 
 if TYPE_CHECKING:
     import ssl
 
 THROTTLE_BASE_S, THROTTLE_CAP_S = 0.5, 20.0
 RETRY_BASE_S, RETRY_CAP_S = 0.1, 5.0
+_READ_CHUNK = 1 << 20
 
 
 def proxy_for(scheme: str, netloc: str) -> tuple[str | None, str | None]:
@@ -112,3 +118,33 @@ class ThreadConns:
         for c in conns:
             c.close()
         self._local = threading.local()
+
+
+def body_to_file(stream: http.client.HTTPResponse, length: int, dest: Path, progress: Callable[[int], None],
+                 *, want_md5: bool, broken: Callable[[str], Exception], discard: Callable[[], None]) -> Digests:
+    """A GET's body streamed into ``dest`` and hashed as it arrives (sha256, and md5 if ``want_md5``). A body
+    that breaks or ends short of ``length`` (-1: not known) is taken back from ``progress``, its connection
+    ``discard``-ed and raised as ``broken(why)`` (the caller fetches it again); a write to our own file that
+    fails is raised as it is. The stream is closed either way."""
+    sha, md5 = hashlib.sha256(), hashlib.md5(usedforsecurity=False) if want_md5 else None
+    got = 0
+    try:
+        with open(dest, "wb") as f:
+            while chunk := stream.read(_READ_CHUNK):
+                f.write(chunk)
+                sha.update(chunk)
+                if md5 is not None:
+                    md5.update(chunk)
+                got += len(chunk)
+                progress(len(chunk))
+        if length >= 0 and got != length:  # http.client's read(n) ends quietly when the server closes early
+            raise http.client.IncompleteRead(b"", length - got)
+    except (OSError, ValueError, http.client.HTTPException) as e:
+        discard()  # the rest of the body is still on that connection
+        if isinstance(e, OSError) and e.filename is not None:  # our file, not the network
+            raise
+        progress(-got)
+        raise broken(f"download broke ({type(e).__name__}): {e}") from e
+    finally:
+        stream.close()
+    return Digests(sha.hexdigest(), md5.hexdigest() if md5 is not None else "")

@@ -24,7 +24,6 @@ import base64
 import builtins
 import contextlib
 import hashlib
-import http.client
 import os
 import re
 import threading
@@ -34,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from gtrain.errors import ConfigError, CredentialsError, GtrainError, SyncError
 from gtrain.sync import s3wire
+from gtrain.sync.httpconn import body_to_file
 from gtrain.sync.manifest import Manifest, OpenUpload
 from gtrain.sync.model import (
     DEFAULT_MULTIPART_THRESHOLD,
@@ -63,7 +63,6 @@ _CRED_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "E
 _CHANGED_CODES = {"PreconditionFailed", "NoSuchKey", "NotFound", "InvalidObjectState", "NoSuchUpload"}
 _DIGEST_CODES = {"BadDigest", "InvalidDigest", "XAmzContentSHA256Mismatch", "XAmzContentChecksumMismatch",
                  "InvalidChecksum"}
-_READ_CHUNK = 1 << 20
 
 
 def _md5_of(etag: str, headers: dict[str, str] | None = None) -> str | None:
@@ -401,34 +400,12 @@ class S3Backend:
         r = self.wire.request("GET", url.bucket, obj.key, headers={"if-match": f'"{obj.version}"', **_READ_CHECKSUMS},
                               stream=True)
         assert r.stream is not None
-        sha, md5 = hashlib.sha256(), hashlib.md5(usedforsecurity=False)
-        got = 0
-        try:
-            with open(dest, "wb") as f:
-                while chunk := r.stream.read(_READ_CHUNK):
-                    f.write(chunk)
-                    sha.update(chunk)
-                    md5.update(chunk)
-                    got += len(chunk)
-                    progress(len(chunk))
-            want = int(r.headers.get("content-length", got))
-            if got != want:  # http.client's read(n) ends quietly when the server closes early
-                raise http.client.IncompleteRead(b"", want - got)
-        except OSError as e:
-            self.wire.discard_thread_connections()  # the rest of the body is still on that connection
-            if e.filename is not None:  # our file, not the network
-                raise
-            progress(-got)
-            raise s3wire.S3WireError(0, "StreamBroken", f"download broke ({type(e).__name__}): {e}",
-                                     bucket=url.bucket, key=obj.key) from e
-        except (ValueError, http.client.HTTPException) as e:
-            self.wire.discard_thread_connections()
-            progress(-got)
-            raise s3wire.S3WireError(0, "StreamBroken", f"download broke ({type(e).__name__}): {e}",
-                                     bucket=url.bucket, key=obj.key) from e
-        finally:
-            r.stream.close()
-        return self._from_headers(obj.key, r.headers), Digests(sha.hexdigest(), md5.hexdigest())
+        got = self._from_headers(obj.key, r.headers)  # its sha256 known: no md5 needed to check it
+        digests = body_to_file(r.stream, int(r.headers.get("content-length", -1)), dest, progress,
+                               want_md5=got.sha256 is None, discard=self.wire.discard_thread_connections,
+                               broken=lambda why: s3wire.S3WireError(0, "StreamBroken", why, bucket=url.bucket,
+                                                                     key=obj.key))
+        return got, digests
 
     def _download_ranges(self, url: RemoteURL, obj: RemoteObject, dest: Path,
                          progress: Callable[[int], None]) -> Digests:

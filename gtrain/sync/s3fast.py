@@ -66,24 +66,28 @@ def _code(e: BaseException) -> tuple[int, str]:
 
 
 def get_to_file(store: Any, key: str, version: str, dest: Path, progress: Callable[[int], None],
-                broken: Callable[[str], Exception]) -> tuple[Any, Digests]:
-    """One GET of ``key`` pinned to ``version`` (If-Match), streamed into ``dest`` and hashed (sha256, md5) as it
-    arrives; S3 and Azure alike. A body that breaks or ends short is taken back from ``progress`` and raised
-    as ``broken(why)`` (the caller fetches it again from the start); a failed GET, or a write to our own file
-    that fails, is raised as it is. Returns (obstore's result, digests)."""
+                broken: Callable[[str], Exception], sha_attr: str) -> tuple[Any, Digests]:
+    """One GET of ``key`` pinned to ``version`` (If-Match), streamed into ``dest`` and hashed as it arrives
+    (sha256; md5 too unless the object carries its sha256 in the ``sha_attr`` metadata); S3 and Azure alike.
+    A body that breaks or ends short is taken back from ``progress`` and raised as ``broken(why)`` (the caller
+    fetches it again from the start); a failed GET, or a write to our own file that fails, is raised as it is.
+    Returns (obstore's result, digests)."""
     import obstore
 
-    sha, md5 = hashlib.sha256(), hashlib.md5(usedforsecurity=False)
+    sha, md5 = hashlib.sha256(), None
     got = 0
     r = None
     try:
         r = obstore.get(store, key, options={"if_match": f'"{version}"'})
+        if not r.attributes.get(sha_attr):  # then the md5 a single-part ETag stands for is what is checked
+            md5 = hashlib.md5(usedforsecurity=False)
         with open(dest, "wb") as f:
             for chunk in r.stream(min_chunk_size=_STREAM_CHUNK):
                 mv = memoryview(chunk)
                 f.write(mv)
                 sha.update(mv)
-                md5.update(mv)
+                if md5 is not None:
+                    md5.update(mv)
                 got += len(mv)
                 progress(len(mv))
     except Exception as e:
@@ -95,23 +99,33 @@ def get_to_file(store: Any, key: str, version: str, dest: Path, progress: Callab
     if got != r.meta["size"]:
         progress(-got)
         raise broken(f"download ended at {got} of {r.meta['size']} bytes")
-    return r, Digests(sha.hexdigest(), md5.hexdigest())
+    return r, Digests(sha.hexdigest(), md5.hexdigest() if md5 is not None else "")
 
 
-def ranged_fetch(store: Any, key: str, version: str) -> Callable[[int, int], bytes]:
+def ranged_fetch(store: Any, key: str, version: str) -> Callable[[int, int], Iterator[memoryview]]:
     """``fetch(first, last)`` for :func:`~gtrain.sync.ranges.download_ranges`: one ranged GET pinned to
-    ``version``; a body cut short is asked for again, twice (a changed object fails If-Match)."""
+    ``version``, streamed in chunks; a body that breaks is resumed from the byte it broke at, twice (a changed
+    object fails If-Match)."""
     import obstore
 
-    def fetch(first: int, last: int) -> bytes:
-        for attempt in range(3):
+    def fetch(first: int, last: int) -> Iterator[memoryview]:
+        pos, attempt = first, 0
+        while pos <= last:
             try:
-                r = obstore.get(store, key, options={"range": (first, last + 1), "if_match": f'"{version}"'})
-                return memoryview(r.bytes())  # type: ignore[return-value]  # a buffer: written, hashed, no copy
+                r = obstore.get(store, key, options={"range": (pos, last + 1), "if_match": f'"{version}"'})
+                for chunk in r.stream(min_chunk_size=_STREAM_CHUNK):
+                    mv = memoryview(chunk)
+                    pos += len(mv)
+                    yield mv
+                if pos <= last:
+                    raise ConnectionError(f"ranged GET ended at byte {pos} of {first}-{last}")
             except Exception as e:
-                if attempt == 2 or type(e).__name__ != "GenericError" or _code(e)[0]:
+                broke = (isinstance(e, OSError) and not isinstance(e, FileNotFoundError | PermissionError)) or (
+                    type(e).__name__ == "GenericError" and not _code(e)[0])
+                attempt += 1
+                if attempt == 3 or not broke:
                     raise
-        raise AssertionError("unreachable")  # pragma: no cover
+        return
 
     return fetch
 
@@ -224,7 +238,8 @@ class ObstoreS3Backend(S3Backend):
     def _get_small(self, url: RemoteURL, obj: RemoteObject, dest: Path,
                    progress: Callable[[int], None]) -> tuple[RemoteObject, Digests]:
         r, digests = get_to_file(self._store(url.bucket), obj.key, str(obj.version), dest, progress,
-                                 lambda why: s3wire.S3WireError(0, "StreamBroken", why, bucket=url.bucket, key=obj.key))
+                                 lambda why: s3wire.S3WireError(0, "StreamBroken", why, bucket=url.bucket, key=obj.key),
+                                 "gtrain-sha256")
         return self._from_result(obj.key, r), digests
 
     def _download_ranges(self, url: RemoteURL, obj: RemoteObject, dest: Path,

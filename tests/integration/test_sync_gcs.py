@@ -455,3 +455,48 @@ def test_chunked_responses_and_dropped_keepalive_connections(tmp_path: Path, gcs
         assert handler.served > len(files)
     finally:
         relay.close()
+
+
+class _LosesFirstUploadAnswer(_ChunkingProxy):
+    """Passes the first direct upload on to the emulator (the object is made) and hangs up without answering:
+    the answer lost on the way back, after which the client tries again."""
+
+    chunked = False
+    lost: list[str] = []
+
+    def relay(self) -> None:
+        if self.command == "POST" and "uploadType=multipart" in self.path and not type(self).lost:
+            type(self).lost.append(self.path)
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in {"host", "connection"}}
+            up = http.client.HTTPConnection(self.upstream, timeout=60)
+            try:
+                up.request("POST", self.path, body=body, headers=headers)
+                assert up.getresponse().status == 200
+            finally:
+                up.close()
+            self.close_connection = True
+            return
+        super().relay()
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = relay
+
+
+def test_a_direct_upload_whose_answer_was_lost_is_not_failed_by_its_own_retry(tmp_path: Path, gcs_emulator: str,
+                                                                             bucket: str) -> None:
+    """The retry of a create (``ifGenerationMatch=0``) whose first try made the object fails the precondition on
+    gtrain's own write: that is taken as done once the object is, by sha256 and crc32c, what was sent."""
+    relay = counting_relay(gcs_emulator)
+    relay.server.RequestHandlerClass = handler = type("Lossy", (_LosesFirstUploadAnswer,), {
+        "upstream": gcs_emulator.removeprefix("http://"), "calls": relay.calls, "lost": []})
+    try:
+        src = tmp_path / "src"
+        files = make_tree(src, n=1, size=3000)
+        url = f"gs://{bucket}/lost"
+        assert sync(str(src), url, client_factory=relay.client).uploaded == len(files)
+        assert len(handler.lost) == 1
+        assert [c for c in relay.calls if c[0] == "POST"] != []  # the retry went through the relay too
+        assert sync(url, str(tmp_path / "dst")).downloaded == len(files)
+        assert read_tree(tmp_path / "dst") == files
+    finally:
+        relay.close()
