@@ -158,7 +158,8 @@ def bench_s3(data: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]
         assert warm is not None
         run(warm(str(data / "all"), "s3://bench-warmup/all"), env)
         run(warm(str(data / "ckpt" / "step-100"), "s3://bench-ckpt/plain"), env)
-        tools = {t: c for t in TOOLS if (c := s3_commands(t, weed.endpoint, args.aws)) is not None}
+        tools = {t: c for t in TOOLS if (c := s3_commands(t, weed.endpoint, args.aws)) is not None
+                 and t in (args.tools or TOOLS)}
         for t in TOOLS:
             if t not in tools:
                 print(f"  {t}: not found, skipped", flush=True)
@@ -176,6 +177,7 @@ def bench_s3(data: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]
 
                 def phase(name: str, argv: list[str], times: int = 1) -> None:
                     for _ in range(times):
+                        os.sync()  # what the phase before wrote is on disk: no tool pays for another's writeback
                         c0, t0 = cpu_s(weed.proc.pid), time.monotonic()
                         own = run(argv, tenv)  # noqa: B023 - called at once
                         runs[tool][name].append((time.monotonic() - t0, own, cpu_s(weed.proc.pid) - c0))  # noqa: B023
@@ -295,6 +297,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="rounds of every tool and phase; the best is kept")
     ap.add_argument("--shards", type=int, default=16, help="files of the sharded checkpoint restored")
     ap.add_argument("--shard-mib", type=int, default=8)
+    ap.add_argument("--tools", type=lambda v: v.split(","), default=None, help=f"a subset of {','.join(TOOLS)}")
     ap.add_argument("--skip", default="", help="comma-separated: gcs, az")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "sync.json")
     args = ap.parse_args()

@@ -31,8 +31,6 @@ import signal
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from gtrain.checkpoints.store import META_DIR, Store, pointer_target
@@ -226,6 +224,9 @@ def _read_json(path: Path) -> dict[str, object] | None:
 
 
 def _get(url: str, headers: dict[str, str], method: str = "GET", timeout: float = 1.0) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request  # here: a restore (the command every node runs before the script) does not need it
+
     req = urllib.request.Request(url, headers=headers, method=method)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 - metadata endpoints only

@@ -35,6 +35,7 @@ def download_ranges(pool: ThreadPoolExecutor, dest: Path, size: int, part_size: 
     offs = list(range(0, size, part_size))
     written = [0] * len(offs)  # bytes each range has written contiguously from its start
     cond = threading.Condition()
+    wlock = threading.Lock()
     stop = threading.Event()  # set when the download ends either way: a range still streaming stops at its next chunk
     fd = os.open(dest, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)  # read back to hash
     try:
@@ -53,7 +54,8 @@ def download_ranges(pool: ThreadPoolExecutor, dest: Path, size: int, part_size: 
                     raise SyncError(f"{where}: range {off}-{end - 1} came back longer than asked",
                                     hint="the transfer broke or the object changed; re-run")
                 while mv:
-                    n = os.pwrite(fd, mv, pos)
+                    with wlock:  # one writer at a time: concurrent writes to one file spin on its inode's lock
+                        n = os.pwrite(fd, mv, pos)
                     pos += n
                     progress(n)
                     mv = mv[n:]

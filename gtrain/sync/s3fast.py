@@ -35,7 +35,9 @@ from gtrain.sync.ranges import download_ranges
 from gtrain.sync.s3 import S3Backend, _md5_of
 
 _PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
-_STREAM_CHUNK = 1 << 20
+# obstore hands the body over in chunks of at least this (it concatenates the network's): 256 KiB measured best
+# for a 200 MiB ranged download here (sys CPU 0.13-0.17 s; 1 MiB: 0.16-0.54 s, 64 KiB: 0.18-0.33 s)
+_STREAM_CHUNK = 256 << 10
 
 
 def usable(settings: s3wire.Settings) -> bool:
