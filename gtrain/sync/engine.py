@@ -237,7 +237,9 @@ class Engine:
                 self.result.downloaded += 1
 
     def _compared_same(self, rel: str, path: Path, obj: RemoteObject) -> tuple[Digests, bool]:
-        digests = hash_file(path)
+        # the md5 (the slowest hash) only where it is used: to compare with an object that shows no sha256, or for
+        # the upload that may follow to a backend that takes it
+        digests = hash_file(path, md5=obj.sha256 is None or (self.direction == "upload" and self.upload_md5))
         with self.lock:
             self.result.hashed += 1
         return digests, self._same(digests, obj)

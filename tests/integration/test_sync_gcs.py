@@ -500,3 +500,26 @@ def test_a_direct_upload_whose_answer_was_lost_is_not_failed_by_its_own_retry(tm
         assert read_tree(tmp_path / "dst") == files
     finally:
         relay.close()
+
+
+def test_a_touched_file_is_compared_by_sha256_alone_where_the_listing_shows_it(tmp_path: Path, gcs_emulator: str,
+                                                                                bucket: str,
+                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file whose mtime moved (same size) is hashed to be compared: against an object whose listing carries its
+    sha256 (GCS's metadata) the md5, the slowest hash, is not computed, whichever way the sync goes."""
+    from gtrain.sync import engine
+
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    (src / "w.bin").write_bytes(os.urandom(2 * MiB))  # above the inline size: compared by hash_file
+    url = f"gs://{bucket}/touched"
+    assert sync(str(src), url).uploaded == 1
+    assert sync(url, str(dst)).downloaded == 1
+    asked: list[bool] = []
+    real = engine.hash_file
+    monkeypatch.setattr(engine, "hash_file", lambda p, md5=True: asked.append(md5) or real(p, md5=md5))
+    for side in (src, dst):
+        os.utime(side / "w.bin", (time.time() + 60, time.time() + 60))
+    up, down = sync(str(src), url), sync(url, str(dst))
+    assert (up.uploaded, up.hashed, down.downloaded, down.hashed) == (0, 1, 0, 1)
+    assert asked == [False, False]
