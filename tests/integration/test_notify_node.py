@@ -6,7 +6,6 @@ in no process's argv or environment, no file of the node's home or of gtrain's h
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ import gtrain
 from gtrain.remote import ssh as sshmod
 from tests.integration.node_relay import relay_hosts
 from tests.notify_receivers import webhook
+from tests.procscan import procs_holding
 
 RELAY = Path(__file__).parent / "node_relay.py"
 
@@ -24,23 +24,7 @@ RELAY = Path(__file__).parent / "node_relay.py"
 def _in_procs(needle: bytes) -> list[str]:
     """Processes whose argv (any) or environment (but the laptop's: this one and the ProxyCommand relays it
     starts inherit the user's environment, which holds the secret by design) holds ``needle``."""
-    hits = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                laptop = b"node_relay.py" in f.read()
-        except OSError:
-            continue
-        for what in ("cmdline",) if laptop else ("cmdline", "environ"):
-            try:
-                with open(f"/proc/{d}/{what}", "rb") as f:
-                    if needle in f.read():
-                        hits.append(f"{d}/{what}")
-            except OSError:
-                continue
-    return hits
+    return procs_holding(needle, laptops_env=lambda argv: b"node_relay.py" in argv)
 
 
 def _in_files(root: Path, needle: bytes) -> list[str]:

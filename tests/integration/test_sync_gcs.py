@@ -502,9 +502,8 @@ def test_a_direct_upload_whose_answer_was_lost_is_not_failed_by_its_own_retry(tm
         relay.close()
 
 
-def test_a_touched_file_is_compared_by_sha256_alone_where_the_listing_shows_it(tmp_path: Path, gcs_emulator: str,
-                                                                                bucket: str,
-                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_touched_file_is_compared_by_sha256_alone_where_the_listing_shows_it(
+        tmp_path: Path, gcs_emulator: str, bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A file whose mtime moved (same size) is hashed to be compared: against an object whose listing carries its
     sha256 (GCS's metadata) the md5, the slowest hash, is not computed, whichever way the sync goes."""
     from gtrain.sync import engine

@@ -17,32 +17,16 @@ from gtrain.notify import nodestart
 from gtrain.remote.local import LocalRunner
 from gtrain.spec import parse_spec
 from tests.notify_receivers import smtp, webhook
+from tests.procscan import procs_holding
 
 _LAUNCHERS = {b"bash", b"sh", b"env", b"setsid"}
 
 
 def _scan_proc(needle: bytes) -> list[str]:
-    """Every process whose argv or environment holds ``needle`` (but this one, the laptop: the user's own
-    environment holds the secret by design). The environment of the shell that starts the watcher on a node that
-    is this machine is the laptop's too, for the few ms before its ``exec env -u ...``: a launcher's environment
-    is not counted (its argv is)."""
-    hits = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                argv = f.read()
-            if needle in argv:
-                hits.append(f"{d}/cmdline")
-            if os.path.basename(argv.split(b"\0", 1)[0]) in _LAUNCHERS:
-                continue
-            with open(f"/proc/{d}/environ", "rb") as f:
-                if needle in f.read():
-                    hits.append(f"{d}/environ")
-        except OSError:
-            continue
-    return hits
+    """Processes whose argv or environment holds ``needle``. The environment of the shell that starts the watcher
+    on a node that is this machine is the laptop's, for the few ms before its ``exec env -u ...``: a launcher's
+    environment is not counted (its argv is)."""
+    return procs_holding(needle, laptops_env=lambda argv: os.path.basename(argv.split(b"\0", 1)[0]) in _LAUNCHERS)
 
 
 def _scan_files(root: Path, needle: bytes) -> list[str]:
