@@ -209,13 +209,11 @@ class AzureBackend:
     def _get_small(self, url: RemoteURL, obj: RemoteObject, dest: Path,
                    progress: Callable[[int], None]) -> tuple[RemoteObject, Digests]:
         r = self.wire.request("GET", url.bucket, obj.key, headers={"if-match": f'"{obj.version}"'}, stream=True)
-        assert r.stream is not None
         got = self._from_headers(obj.key, r.headers)  # its sha256 known: no md5 needed to check it
-        digests = body_to_file(r.stream, int(r.headers.get("content-length", -1)), dest, progress,
-                               want_md5=got.sha256 is None, discard=self.wire.discard_thread_connections,
-                               broken=lambda why: azwire.AzureWireError(0, "StreamBroken", why, container=url.bucket,
-                                                                        blob=obj.key))
-        return got, digests
+        return got, body_to_file(r, dest, progress, want_md5=got.sha256 is None,
+                                 discard=self.wire.discard_thread_connections,
+                                 broken=lambda why: azwire.AzureWireError(0, "StreamBroken", why, container=url.bucket,
+                                                                          blob=obj.key))
 
     def delete(self, url: RemoteURL, keys: builtins.list[str]) -> None:
         def one(key: str) -> None:

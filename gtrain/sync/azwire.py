@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from xml.etree import ElementTree
 
-from gtrain.sync.httpconn import ThreadConns, backoff
+from gtrain.sync.httpconn import Response, ThreadConns, backoff
 
 API_VERSION = "2023-11-03"
 DEV_ACCOUNT = "devstoreaccount1"
@@ -120,14 +120,6 @@ class _EntraTokens:
         if self.token is None or self.token.expires_on - time.time() < 300:
             self.token = self.cred.get_token(_SCOPE)
         return str(self.token.token)
-
-
-@dataclass
-class Response:
-    status: int
-    headers: dict[str, str]
-    body: bytes = b""
-    stream: http.client.HTTPResponse | None = field(default=None, repr=False)
 
 
 def _quote(s: str) -> str:

@@ -11,6 +11,7 @@ import os
 import random
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,16 @@ if TYPE_CHECKING:
 THROTTLE_BASE_S, THROTTLE_CAP_S = 0.5, 20.0
 RETRY_BASE_S, RETRY_CAP_S = 0.1, 5.0
 _READ_CHUNK = 1 << 20
+
+
+@dataclass
+class Response:
+    """A wire client's answer: the whole body, or (``stream=True``) the open response to read it from."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes = b""
+    stream: http.client.HTTPResponse | None = field(default=None, repr=False)
 
 
 def proxy_for(scheme: str, netloc: str) -> tuple[str | None, str | None]:
@@ -120,12 +131,15 @@ class ThreadConns:
         self._local = threading.local()
 
 
-def body_to_file(stream: http.client.HTTPResponse, length: int, dest: Path, progress: Callable[[int], None],
-                 *, want_md5: bool, broken: Callable[[str], Exception], discard: Callable[[], None]) -> Digests:
-    """A GET's body streamed into ``dest`` and hashed as it arrives (sha256, and md5 if ``want_md5``). A body
-    that breaks or ends short of ``length`` (-1: not known) is taken back from ``progress``, its connection
-    ``discard``-ed and raised as ``broken(why)`` (the caller fetches it again); a write to our own file that
-    fails is raised as it is. The stream is closed either way."""
+def body_to_file(r: Response, dest: Path, progress: Callable[[int], None], *, want_md5: bool,
+                 broken: Callable[[str], Exception], discard: Callable[[], None]) -> Digests:
+    """A streamed GET's body (``r.stream``) written into ``dest`` and hashed as it arrives (sha256, and md5 if
+    ``want_md5``). A body that breaks or ends short of its ``content-length`` is taken back from ``progress``,
+    its connection ``discard``-ed and raised as ``broken(why)`` (the caller fetches it again); a write to our own
+    file that fails is raised as it is. The stream is closed either way."""
+    stream = r.stream
+    assert stream is not None
+    length = int(r.headers.get("content-length", -1))
     sha, md5 = hashlib.sha256(), hashlib.md5(usedforsecurity=False) if want_md5 else None
     got = 0
     try:

@@ -399,13 +399,11 @@ class S3Backend:
                    progress: Callable[[int], None]) -> tuple[RemoteObject, Digests]:
         r = self.wire.request("GET", url.bucket, obj.key, headers={"if-match": f'"{obj.version}"', **_READ_CHECKSUMS},
                               stream=True)
-        assert r.stream is not None
         got = self._from_headers(obj.key, r.headers)  # its sha256 known: no md5 needed to check it
-        digests = body_to_file(r.stream, int(r.headers.get("content-length", -1)), dest, progress,
-                               want_md5=got.sha256 is None, discard=self.wire.discard_thread_connections,
-                               broken=lambda why: s3wire.S3WireError(0, "StreamBroken", why, bucket=url.bucket,
-                                                                     key=obj.key))
-        return got, digests
+        return got, body_to_file(r, dest, progress, want_md5=got.sha256 is None,
+                                 discard=self.wire.discard_thread_connections,
+                                 broken=lambda why: s3wire.S3WireError(0, "StreamBroken", why, bucket=url.bucket,
+                                                                       key=obj.key))
 
     def _download_ranges(self, url: RemoteURL, obj: RemoteObject, dest: Path,
                          progress: Callable[[int], None]) -> Digests:

@@ -41,12 +41,12 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
 
-from gtrain.sync.httpconn import ThreadConns, backoff
+from gtrain.sync.httpconn import Response, ThreadConns, backoff
 from gtrain.sync.s3auth import (  # re-exported: the names callers and tests know
     Credentials,
     NoCredentials,
@@ -85,14 +85,6 @@ class S3WireError(Exception):
 
 
 # ---------------------------------------------------------------------------------------------- client
-
-
-@dataclass
-class Response:
-    status: int
-    headers: dict[str, str]
-    body: bytes = b""
-    stream: http.client.HTTPResponse | None = field(default=None, repr=False)
 
 
 @dataclass
