@@ -38,6 +38,7 @@ bench: setup
 lint: setup
 	$(PY) -m ruff check gtrain tests bench
 	$(PY) -m mypy
+	.venv/bin/lint-imports
 
 clean:
 	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache quickstart-checkpoints quickstart-report.html

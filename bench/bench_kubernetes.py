@@ -58,10 +58,10 @@ def main() -> int:
         return 1
     import gtrain
     from gtrain.jobs.backend import JobRequest
-    from gtrain.jobs.launch import new_job_id
     from gtrain.providers import get_provider
     from gtrain.providers.kubernetes import objects as ko
     from gtrain.providers.kubernetes.api import client as kube_client
+    from gtrain.runs.launch import new_job_id
     from gtrain.spec import parse_spec
     from gtrain.state import StateStore
     from tests.fixtures.fake_kube import FakeKube, FakeNode

@@ -24,11 +24,11 @@ from gtrain.events import SILENT, Reporter
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from gtrain.cluster import DownResult, UpResult
     from gtrain.context import Context
     from gtrain.costs.report import CostReport
     from gtrain.jobs.backend import LogLine
-    from gtrain.jobs.launch import LaunchResult
+    from gtrain.runs.cluster import DownResult, UpResult
+    from gtrain.runs.launch import LaunchResult
     from gtrain.spec import ClusterSpec
     from gtrain.state import Job
     from gtrain.sync.pull import PullResult
@@ -54,7 +54,7 @@ def up(spec: Any, *, name: str | None = None, dry_run: bool = False, keep_failed
        recreate: bool = False, report: Reporter | None = None) -> UpResult:
     """Provision the cluster. A failed or interrupted up deletes what it made unless ``keep_failed``; a
     cluster that is up with another shape is refused unless ``recreate`` (down, then up)."""
-    from gtrain import cluster
+    from gtrain.runs import cluster
 
     ctx = _ctx(report)
     try:
@@ -67,7 +67,7 @@ def launch(spec: Any = None, *, cluster: str | None = None, name: str | None = N
            dry_run: bool = False, replace_bad: bool = False, fresh: bool = False,
            report: Reporter | None = None) -> LaunchResult:
     from gtrain.errors import ConfigError
-    from gtrain.jobs import launch as jobs
+    from gtrain.runs import launch as jobs
 
     ctx = _ctx(report)
     try:
@@ -93,7 +93,7 @@ def launch(spec: Any = None, *, cluster: str | None = None, name: str | None = N
 
 def preview(spec: Any, *, name: str | None = None, report: Reporter | None = None) -> Any:
     """A job before its cluster exists: the plan, the price and every node's rendered scripts; touches nothing."""
-    from gtrain.jobs.preview import preview as job_preview
+    from gtrain.runs.preview import preview as job_preview
 
     ctx = _ctx(report)
     try:
@@ -106,8 +106,8 @@ def logs(cluster: str, *, job_id: str | None = None, follow: bool = False, tail:
          node: int | None = None, rank: int | None = None, on_line: Callable[[LogLine], None] | None = None,
          report: Reporter | None = None) -> Job:
     from gtrain.errors import ConfigError
-    from gtrain.jobs.follow import follow as follow_job
     from gtrain.jobs.status import resolve_job
+    from gtrain.runs.follow import follow as follow_job
 
     ctx = _ctx(report)
     try:
@@ -126,8 +126,8 @@ def logs(cluster: str, *, job_id: str | None = None, follow: bool = False, tail:
             raise ConfigError(f"--tail {tail}: give a number of lines, 0 or more", field="--tail")
         job = resolve_job(c, ctx, job_id)
         if follow:  # whoever waits on a job recovers it from a lost node, as its policy says
-            from gtrain.checkpoints.recovery import wait as wait_recovering
-            from gtrain.notify.dispatch import ended
+            from gtrain.runs.notify import ended
+            from gtrain.runs.recovery import wait as wait_recovering
 
             job = wait_recovering(c, job, ctx, on_line or (lambda _line: None), tail=tail,
                                   nodes=None if node is None else [node], rank=rank)
@@ -179,7 +179,7 @@ def pull(cluster: str, *, job_id: str | None = None, to: str | os.PathLike[str] 
             ckpt = spec.job.checkpoint_dir if spec.job else "checkpoints"
         dest = Path(to) if to else default_pull_dest(cluster, ckpt)
         if job is not None and job.info.get("checkpoint_store") and node is None:
-            from gtrain.checkpoints.ship import StoreHasNoCheckpoint, pull_from_store, store_key
+            from gtrain.checkpoints.pull import StoreHasNoCheckpoint, pull_from_store, store_key
 
             ctx.report.info(f"pulling {ckpt}/ from the store {job.info['checkpoint_store']}/{store_key(job)} to "
                             f"{dest}")
@@ -228,7 +228,7 @@ def down(cluster: str, *, yes: bool = False, report: Reporter | None = None, htm
     """Stop jobs and delete the cluster, and price it. With a checkpoint store, refused unless ``yes`` when the
     newest checkpoint on the nodes is not safely in the store. With ``html_report``, also write the newest job's
     HTML report (next to where its checkpoints were pulled, else in the run archive)."""
-    from gtrain import cluster as cl
+    from gtrain.runs import cluster as cl
 
     ctx = _ctx(report)
     try:
@@ -242,7 +242,7 @@ def down(cluster: str, *, yes: bool = False, report: Reporter | None = None, htm
 
 def stop(cluster: str, *, report: Reporter | None = None) -> Any:
     """Stop a VM cluster's nodes, keeping their disks (``gtrain stop``): compute billing ends, disks bill on."""
-    from gtrain import stopstart
+    from gtrain.runs import stopstart
 
     ctx = _ctx(report)
     try:
@@ -253,7 +253,7 @@ def stop(cluster: str, *, report: Reporter | None = None) -> Any:
 
 def start(cluster: str, *, report: Reporter | None = None) -> Any:
     """Start a stopped VM cluster's nodes again (``gtrain start``); jobs can be launched once it returns."""
-    from gtrain import stopstart
+    from gtrain.runs import stopstart
 
     ctx = _ctx(report)
     try:
@@ -282,7 +282,7 @@ def _html_report(ctx: Context, cluster: str, job_id: str | None, next_to: Path |
 
 
 def status(cluster: str | None = None, *, refresh: bool = True, report: Reporter | None = None) -> list[dict[str, Any]]:
-    from gtrain import cluster as cl
+    from gtrain.runs import cluster as cl
 
     ctx = _ctx(report)
     try:
@@ -311,7 +311,7 @@ class RunResult:
     down: DownResult | None = None
     errors: list[str] = field(default_factory=list)
     report: str | None = None
-    #: each recovery from a lost node (gtrain.checkpoints.recovery), and why the run stopped recovering
+    #: each recovery from a lost node (gtrain.runs.recovery), and why the run stopped recovering
     recoveries: list[dict[str, Any]] = field(default_factory=list)
     recovery_stopped: str | None = None
     #: the rank that failed first: ``{node, rank, exit_code}`` (None when nothing failed)
@@ -333,7 +333,7 @@ def run(spec: Any, *, name: str | None = None, keep: bool = False, to: str | os.
     """up + launch + wait + pull + down. The cluster is torn down whatever happens (unless ``keep``),
     Ctrl+C included, so nothing is left running that nobody watches."""
     from gtrain.errors import GtrainError
-    from gtrain.jobs.launch import check_job
+    from gtrain.runs.launch import check_job
 
     parsed = _spec(spec, name)
     check_job(parsed)  # bad workdir / script / secrets: exit 2 before anything is created
@@ -440,7 +440,7 @@ def exec_command(cluster: str, command: str, *, node: int | None = None,
     ctx = _ctx(report)
     try:
         c = ctx.cluster(cluster)
-        from gtrain.stopstart import refuse_stopped
+        from gtrain.runs.stopstart import refuse_stopped
 
         refuse_stopped(c, "gtrain exec")
         runners = ctx.runners(c)
@@ -488,7 +488,7 @@ def shell_argv(cluster: str, *, node: int = 0) -> tuple[list[str], str | None]:
     ctx = _ctx(None)
     try:
         c = ctx.cluster(cluster)
-        from gtrain.stopstart import refuse_stopped
+        from gtrain.runs.stopstart import refuse_stopped
 
         refuse_stopped(c, "gtrain ssh")
         nodes = ctx.nodes(c)

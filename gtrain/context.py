@@ -14,10 +14,10 @@ from gtrain.state import Cluster, StateStore
 
 if TYPE_CHECKING:
     from gtrain.jobs.backend import JobBackend
-    from gtrain.nodes import NodeRecord
     from gtrain.providers.base import Provider
     from gtrain.remote.base import Runner
     from gtrain.spec import ClusterSpec
+    from gtrain.state.nodes import NodeRecord
 
 
 class GuardedReporter(Reporter):
@@ -87,7 +87,7 @@ class Context:
     def event(self, cluster: Cluster, kind: str, **fields: Any) -> None:
         """One record of the run's timeline (up, launch, recovery, preflight, down) in the run archive, for
         `gtrain report`; best effort: a full disk never stops a command."""
-        from gtrain.runlog.events import record_event
+        from gtrain.state.runs import record_event
 
         with contextlib.suppress(OSError, ValueError):
             record_event(self.store.home, cluster.id, kind, **fields)

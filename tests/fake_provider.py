@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from gtrain.errors import CapacityError, ConfigError
-from gtrain.nodes import NodeRecord
 from gtrain.providers.base import GCResult, IntervalCost, NodeStatus, Orphan, Plan, Provider
 from gtrain.remote.base import Runner
 from gtrain.remote.local import LocalRunner
 from gtrain.spec import ClusterSpec
 from gtrain.state import Cluster, CostInterval
+from gtrain.state.nodes import NodeRecord
 
 PRICE = 0.5
 REGION = "fake-1"
@@ -125,7 +125,7 @@ def installed(cloud_dir: Path) -> Iterator[Path]:
     import importlib
 
     import gtrain.providers as reg
-    from gtrain.providers import registry
+    from gtrain import registry
 
     site = Path(tempfile.mkdtemp(prefix="gtrain-fake-plugin-"))
     dist = site / "gtrain_fake_provider-0.1.dist-info"

@@ -39,7 +39,7 @@ from gtrain.catalog import (
     shipped_text,
 )
 from gtrain.errors import ConfigError, GtrainError, ProviderError
-from gtrain.providers.registry import CATALOG_REFRESH, CATALOG_RIDERS, price_list
+from gtrain.registry import CATALOG_REFRESH, CATALOG_RIDERS, price_list
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator

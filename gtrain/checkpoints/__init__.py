@@ -5,7 +5,7 @@ recovery loop run by whoever waits on the job (see docs/durable.md).
   (stdlib + gtrain's sync engine: it runs on the nodes too, from ``gtrain-ckpt.pyz``);
 - :mod:`gtrain.checkpoints.node`: what runs beside the job on each node (restore, the uploader, the
   spot / preemption notice watcher), stdlib only;
-- :mod:`gtrain.checkpoints.ship`: the bundle, the store probe at launch, the relaunch of a job's next attempt;
-- :mod:`gtrain.checkpoints.recovery`: detecting a lost node and recovering, with no controller;
-- :mod:`gtrain.checkpoints.policy`: the spec's models (``policies.recovery``).
+- :mod:`gtrain.runs.ship`: the bundle, the store probe at launch, the relaunch of a job's next attempt;
+- :mod:`gtrain.runs.recovery`: detecting a lost node and recovering, with no controller;
+- :mod:`gtrain.spec.checkpoints`: the spec's models (``policies.recovery``).
 """

@@ -26,8 +26,8 @@ def attach(
 ) -> None:
     """Adopt a running cluster by its tags/labels (no state needed): then status, logs, pull, down work here."""
     out.set_json(json_)
-    from gtrain.attach import attach as core
     from gtrain.context import Context
+    from gtrain.runs.attach import attach as core
     from gtrain.spec import load_spec
 
     ctx = Context(report=out.CLIReporter())

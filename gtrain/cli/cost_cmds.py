@@ -47,7 +47,7 @@ def cost(
                     f"its part on {m['from_provider']}: {out.fmt_usd(m['cost_usd'])}")
     recovered = [r for r in reports if r.recoveries]
     if recovered:
-        from gtrain.checkpoints.recovery import summary_line
+        from gtrain.runs.recovery import summary_line
 
         for r in recovered:
             s = r.recovery_summary
@@ -146,7 +146,7 @@ def _tpu_types(region: str | None, spot: bool, json_: bool) -> None:
     through the registry's accelerator seam (the provider's own catalog)."""
     from dataclasses import asdict
 
-    from gtrain.providers.registry import accelerator_shapes
+    from gtrain.registry import accelerator_shapes
 
     shapes = accelerator_shapes("tpu")
     rows = [t for t in shapes.values() if region is None or t.region_zones(region)]

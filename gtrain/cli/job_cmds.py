@@ -267,7 +267,7 @@ def run(
         if res.pulled and res.pulled.dest:
             out.say(f"checkpoints: {len(res.pulled.transferred)} file(s) pulled and verified -> "
                                 f"{res.pulled.dest}")
-        from gtrain.checkpoints.recovery import summary_line
+        from gtrain.runs.recovery import summary_line
 
         for r in res.recoveries:
             out.err(summary_line(r))

@@ -30,7 +30,7 @@ def watch(
                        "attempt": final.info.get("attempt", 1), "recoveries": recs,
                        "recovery_stopped": final.info.get("recovery_stopped")})
     else:
-        from gtrain.checkpoints.recovery import summary_line
+        from gtrain.runs.recovery import summary_line
 
         for r in recs:
             out.err(summary_line(r))

@@ -13,10 +13,10 @@ import shlex
 import time
 from typing import TYPE_CHECKING
 
-from gtrain.containers.options import image_registry
 from gtrain.containers.runtime import vm_runtime
 from gtrain.errors import ConfigError, GtrainError
 from gtrain.remote.fanout import parallel
+from gtrain.spec.containers import image_registry
 
 if TYPE_CHECKING:
     from gtrain.events import Reporter

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 from gtrain.errors import ConfigError
 
 if TYPE_CHECKING:
-    from gtrain.containers.options import ContainerOptions
     from gtrain.spec import Job
+    from gtrain.spec.containers import ContainerOptions
 
 SHM_SIZE = "16g"
 LABEL_CLUSTER = "gtrain.cluster"

@@ -35,11 +35,11 @@ class CostReport:
     lines: list[CostLine] = field(default_factory=list)
     #: every recovery of the cluster's jobs (docs/durable.md), oldest first, each with its ``job`` id
     recoveries: list[dict[str, Any]] = field(default_factory=list)
-    #: ``resources.any_of``: the candidates and what became of each (gtrain.placement.record), else None
+    #: ``resources.any_of``: the candidates and what became of each (gtrain.runs.placement.record), else None
     placement: dict[str, Any] | None = None
     #: kWh of the cluster's jobs from their kept GPU telemetry (gtrain.health.energy; ``kwh`` None: no data)
     energy: dict[str, Any] | None = None
-    #: who started the cluster (gtrain.identity: user@host or the CI run's URL); None in records made before
+    #: who started the cluster (gtrain.state.identity: user@host or the CI run's URL); None in records made before
     by: str | None = None
     #: who launched its jobs, when other than ``by`` (a CI job, a colleague), in launch order
     launched_by: list[str] = field(default_factory=list)
@@ -115,7 +115,7 @@ def history(store: StateStore, provider_for: Any) -> list[CostReport]:
 def cluster_energy(store: StateStore, cluster: Cluster) -> dict[str, Any] | None:
     """Energy of every job of the cluster from the telemetry the run archive kept (per node and in all)."""
     from gtrain.health.energy import from_folders
-    from gtrain.runlog.events import job_dir
+    from gtrain.state.runs import job_dir
 
     try:
         folders = [job_dir(store.home, cluster.id, j.id) / "telemetry" for j in store.jobs(cluster.id)]

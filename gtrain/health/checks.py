@@ -1,5 +1,6 @@
-"""`gtrain health`: every check on every node, in one report (:func:`run_health`), and the launch preflight
-(:func:`preflight`). The per-check rules are in docs/health.md (and the GPU ones in :mod:`gtrain.health.gpu`)."""
+"""`gtrain health`: every check on every node, in one report (:func:`run_health`); the launch preflight that
+runs it is :func:`gtrain.runs.preflight.preflight`. The per-check rules are in docs/health.md (and the GPU
+ones in :mod:`gtrain.health.gpu`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from gtrain.errors import RemoteError
 from gtrain.health import gpu
-from gtrain.health.model import Check, HealthFailed, HealthReport, Verdict
+from gtrain.health.model import Check, HealthReport, Verdict
 from gtrain.remote.fanout import parallel
 
 if TYPE_CHECKING:
@@ -226,39 +227,3 @@ def sdc_checks(good: list[dict[str, Any]], probes: dict[int, dict[str, Any]]) ->
             out.append(Check("sdc.digest", Verdict.OK, f"{len(mine)} device(s) agree",
                              f"{n}x{n} GEMMs ({runs} run(s)): checksums hold, digests equal the cluster's", node))
     return out
-
-
-def preflight(cluster: Cluster, spec: ClusterSpec, ctx: Context, *, replace_bad: bool = False) -> HealthReport | None:
-    """``policies.preflight`` before a launch: None when off (``replace_bad`` runs it ``quick`` then); raises
-    :class:`HealthFailed` (exit 1, the failed nodes named) when a check fails. With ``replace_bad`` the failed
-    nodes are replaced once through the provider (``Provider.replace_nodes``) and every check runs again: a
-    second failure stops the launch."""
-    mode = spec.policies.preflight
-    if mode == "off" and not replace_bad:
-        return None
-    mode = "quick" if mode == "off" else mode
-    report = _preflight_once(cluster, spec, ctx, mode)
-    if report.failed() and replace_bad and report.failed_nodes():
-        bad = report.failed_nodes()
-        ctx.report.warn(f"preflight: replacing node(s) {', '.join(map(str, bad))} (--replace-bad): {report.summary()}")
-        ctx.provider(cluster.provider).replace_nodes(cluster, bad)
-        ctx.event(cluster, "preflight", node=bad, msg=f"replaced node(s) {', '.join(map(str, bad))}")
-        report = _preflight_once(cluster, spec, ctx, mode)
-    if report.failed():
-        from gtrain.notify.dispatch import notify_cluster
-
-        notify_cluster(cluster, ctx, "health_failed", spec.notify, detail=f"preflight ({mode}): {report.summary()}")
-        again = " after replacing them once" if replace_bad and report.failed_nodes() else ""
-        raise HealthFailed(report, hint=f"see `gtrain health {cluster.name}`; fix or replace the named node(s)"
-                                        f"{again}, or set policies.preflight: off")
-    ctx.report.info(f"preflight ({mode}) passed in {report.seconds:.1f}s")
-    return report
-
-
-def _preflight_once(cluster: Cluster, spec: ClusterSpec, ctx: Context, mode: str) -> HealthReport:
-    report = run_health(cluster, ctx, mode, spec)
-    for c in report.checks:
-        if c.verdict is Verdict.WARN:
-            ctx.report.warn(f"preflight: {'cluster' if c.node is None else f'node {c.node}'} {c.name}: {c.reason}")
-    ctx.event(cluster, "preflight", ok=not report.failed(), msg=report.summary())
-    return report

@@ -1,13 +1,11 @@
-"""The health verdicts (one per check and node, with a figure and a one-line reason), the report they make,
-and the spec's health policies (``policies.preflight``, ``policies.min_gpu_util``)."""
+"""The health verdicts (one per check and node, with a figure and a one-line reason) and the report they make.
+The spec's health policies (``policies.preflight``, ``policies.min_gpu_util``) are in :mod:`gtrain.spec.health`."""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from typing import Any
 
 from gtrain.errors import GtrainError
 
@@ -83,29 +81,3 @@ class HealthFailed(GtrainError):
     def __init__(self, report: HealthReport, hint: str | None = None) -> None:
         super().__init__(report.summary(), hint)
         self.report = report
-
-
-# ---- the spec's policies -----------------------------------------------------------------------------
-
-#: ``policies.preflight``: quick | full | off
-PREFLIGHT_PATTERN = "^(quick|full|off)$"
-
-
-class MinGpuUtil(BaseModel):
-    """``policies.min_gpu_util``: GPUs idle while the money runs."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    @field_validator("percent", "minutes", mode="before")
-    @classmethod
-    def _not_bool(cls, v: Any) -> Any:  # YAML's `true` is not the number 1
-        if isinstance(v, bool):
-            raise ValueError("is a boolean, not a number")
-        return v
-
-    percent: float = Field(10, ge=0, le=100, allow_inf_nan=False,
-                           description="a GPU under this utilisation (%) counts as idle")
-    minutes: float = Field(30, gt=0, le=10080, allow_inf_nan=False,
-                           description="idle this long, on every GPU of the cluster, before acting")
-    action: Literal["warn", "stop"] = Field("warn", description="`warn`, or `stop` the job (its backend's "
-                                            "cancel)")

@@ -1,9 +1,7 @@
 """GPU telemetry of a running job: the samples its nodes keep (``JOB/telemetry/node-K.jsonl``, written by
-``templates/_telemetry.sh.j2``), read for `status --gpus` and `top`, and the ``policies.min_gpu_util`` rule.
-
-Whoever follows a job calls :func:`enforce_min_gpu_util` now and then (every minute is plenty): it warns, or
-with ``action: stop`` cancels the job through its backend, when every GPU of the cluster stayed under
-``percent`` for ``minutes``."""
+``templates/_telemetry.sh.j2``), read for `status --gpus` and `top`, and how long every GPU has been idle
+(:func:`idle_for`, the ``policies.min_gpu_util`` rule that :func:`gtrain.runs.preflight.enforce_min_gpu_util`
+applies while a job is followed)."""
 
 from __future__ import annotations
 
@@ -16,7 +14,7 @@ from gtrain.remote.fanout import parallel
 
 if TYPE_CHECKING:
     from gtrain.context import Context
-    from gtrain.health.model import MinGpuUtil
+    from gtrain.spec.health import MinGpuUtil
     from gtrain.state import Cluster
     from gtrain.state import Job as JobRecord
 
@@ -108,27 +106,3 @@ def idle_for(tele: list[NodeTelemetry], policy: MinGpuUtil, now: float | None = 
     since = max(busy) if busy else min(float(s["t"]) for s in samples)
     idle = now - since
     return idle if idle >= policy.minutes * 60 else None
-
-
-def enforce_min_gpu_util(cluster: Cluster, job: JobRecord, ctx: Context, policy: MinGpuUtil | None = None,
-                         now: float | None = None) -> str | None:
-    """Apply ``policies.min_gpu_util`` to a running job: the warning given (and the job stopped with
-    ``action: stop``), or None when the GPUs are busy enough (or there is no policy / no telemetry)."""
-    if policy is None:
-        policy = ctx.spec_of(cluster).policies.min_gpu_util
-    if policy is None:
-        return None
-    idle = idle_for(read(cluster, job, ctx, max(SAMPLES, int(policy.minutes * 6 * 16) + 16)), policy, now)
-    if idle is None:
-        return None
-    msg = (f"job {job.id}: every GPU under {policy.percent:g}% utilisation for {idle / 60:.0f} min "
-           f"(policies.min_gpu_util: {policy.minutes:g} min)")
-    if policy.action == "stop":
-        ctx.report.warn(msg + "; stopping the job")
-        ctx.backend(cluster).cancel(job, grace_s=10)
-        from gtrain.notify.dispatch import notify_job
-
-        notify_job(cluster, ctx.store.get_job(job.id), ctx, "idle_stopped", detail=msg)
-    else:
-        ctx.report.warn(msg + f"; `gtrain cancel {cluster.name}` stops it")
-    return msg

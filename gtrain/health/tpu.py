@@ -24,7 +24,7 @@ PROBE = ("import json, jax; d = jax.local_devices(); "
 
 
 def tpu_checks(spec: ClusterSpec, runners: list[Runner]) -> list[Check]:
-    from gtrain.providers.registry import accelerator_shape
+    from gtrain.registry import accelerator_shape
 
     t = accelerator_shape(spec.resources.accelerators or "")
     python = spec.job.python if spec.job and spec.job.python else None

@@ -17,12 +17,13 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from gtrain.providers.base import Provider
+    from gtrain.events import Reporter
+    from gtrain.remote.base import Runner
     from gtrain.spec import ClusterSpec
-    from gtrain.state import Cluster
+    from gtrain.state import Cluster, StateStore
     from gtrain.state import Job as JobRecord
 
 
@@ -201,12 +202,23 @@ def job_exit_code(nodes: list[NodeJobStatus]) -> int:
     return 1
 
 
+class NodeProvider(Protocol):
+    """What a job backend is handed by the provider that makes it (``Provider.job_backend(cluster)``): the
+    state store, the reporter and a way to reach each node. :class:`gtrain.providers.base.Provider` is one; the
+    seam is declared here so that this layer never imports the providers' (the providers sit above jobs)."""
+
+    store: StateStore
+    report: Reporter
+
+    def runners(self, cluster: Cluster) -> list[Runner]: ...
+
+
 class JobBackend(ABC):
     """How jobs run on one cluster. Made by ``Provider.job_backend(cluster)``."""
 
     #: the backend's name (``node-script``, ``slurm``), shown by `status` and stored with each job
     name: str = "job-backend"
-    #: where gtrain's checkpoint tool (``job.checkpoint_store``, gtrain.checkpoints.ship) reaches the nodes.
+    #: where gtrain's checkpoint tool (``job.checkpoint_store``, gtrain.runs.ship) reaches the nodes.
     #: ``"runners"``: copied to each node over the backend's ``runners`` before the submit, which also probe the
     #: store, archive an attempt's files and collect the survivors' newest checkpoints before a relaunch.
     #: ``"plan"``: the backend's own plan carries it (its nodes exist only once submitted: pods, a scheduler's
@@ -214,7 +226,7 @@ class JobBackend(ABC):
     #: in ``plan.info["checkpoint_key"]`` and ``submit`` hands ``plan.info["attempt"]`` to the nodes.
     checkpoint_tool: str = "runners"
 
-    def __init__(self, provider: Provider, cluster: Cluster) -> None:
+    def __init__(self, provider: NodeProvider, cluster: Cluster) -> None:
         self.provider = provider
         self.cluster = cluster
 

@@ -9,26 +9,17 @@ through the stdlib wire clients.
 
 from __future__ import annotations
 
-import io
 import json
-import zipfile
-from functools import lru_cache
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gtrain.spec import DataEntry
+from gtrain.sync.bundle import bundle
 
 if TYPE_CHECKING:
     from gtrain.events import Reporter
     from gtrain.jobs.render import NodeContext
     from gtrain.remote.base import Runner
     from gtrain.spec import Job
-
-_MODULES = ("__init__.py", "errors.py", "redact.py", "events.py",
-            "sync/__init__.py", "sync/model.py", "sync/local.py", "sync/manifest.py",
-            "sync/engine.py", "sync/objstore.py", "sync/s3.py", "sync/s3wire.py", "sync/s3fast.py",
-            "sync/gcs.py", "sync/gcswire.py", "sync/s3auth.py", "sync/httpconn.py", "sync/ranges.py",
-            "sync/azure.py", "sync/azwire.py", "sync/azfast.py")
 
 # Runs on the node: python3 -c DATA_MAIN BUNDLE ENTRIES_JSON. One JSON line out; exit 3 on a gtrain error.
 DATA_MAIN = """
@@ -47,18 +38,6 @@ except GtrainError as e:
     sys.exit(3)
 print(json.dumps({"results": out}))
 """
-
-
-@lru_cache(maxsize=1)
-def bundle() -> bytes:
-    """The sync engine as a zip python can import from (deterministic bytes, so re-sends can be skipped)."""
-    root = Path(__file__).resolve().parent.parent
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
-        for rel in _MODULES:
-            info = zipfile.ZipInfo(f"gtrain/{rel}", date_time=(2020, 1, 1, 0, 0, 0))
-            z.writestr(info, (root / rel).read_bytes())
-    return buf.getvalue()
 
 
 def entries_json(entries: list[DataEntry], workdir: str) -> str:

@@ -58,7 +58,7 @@ def launcher_of(spec: ClusterSpec, job: Job) -> tuple[str, int, dict[str, Any], 
     default: the node's GPUs, else 1; JAX: one per node), its options and the warnings of its check. Every
     backend renders its nodes' commands from these (node scripts here, Slurm's batch script)."""
     from gtrain.jobs.launchers import get_launcher
-    from gtrain.jobs.launchers.options import OPTION_MODELS
+    from gtrain.spec.launchers import OPTION_MODELS
 
     launcher = get_launcher(job.launcher)
     nproc = job.nproc_per_node or launcher.default_nproc(spec.resources.gpus_per_node)
@@ -72,7 +72,7 @@ def node_contexts(cluster: Cluster, spec: ClusterSpec, job: Job, runners: list[R
                   master_port: int) -> list[NodeContext]:
     """Every node's render context."""
     from gtrain import tracking
-    from gtrain.checkpoints.policy import run_key
+    from gtrain.spec.checkpoints import run_key
 
     name, nproc, options, notes = launcher_of(spec, job)
     addrs = [r.address for r in runners]
@@ -111,7 +111,7 @@ def container_fields(cluster: Cluster, spec: ClusterSpec, job: Job, job_id: str,
 
 
 def tracking_links(cluster: Cluster, job: Job) -> dict[str, str]:
-    from gtrain.checkpoints.policy import run_key
+    from gtrain.spec.checkpoints import run_key
     from gtrain.tracking import links
 
     return links(job, run_key(cluster.name, job.run_id, job.run, job.checkpoint_dir))

@@ -43,7 +43,15 @@ def render_all(ctx: NodeContext) -> dict[str, str]:
         out["command"] = container_command(ctx) + "\n"
     if ctx.setup:
         out["setup.sh"] = render("setup.sh", ctx)
-    from gtrain.runlog import node_files
-
-    out.update(node_files())  # py/gtrain/metrics.py: `import gtrain.metrics` works on every rank
+    out.update(metrics_files())  # py/gtrain/metrics.py: `import gtrain.metrics` works on every rank
     return out
+
+
+def metrics_files() -> dict[str, str]:
+    """Job-dir-relative path -> text: a copy of :mod:`gtrain.metrics` under ``py/gtrain/`` (rank.sh puts ``py`` at
+    the end of PYTHONPATH). No ``__init__.py``: it is a namespace portion, so an installed gtrain wins over it."""
+    from pathlib import Path
+
+    import gtrain.metrics
+
+    return {"py/gtrain/metrics.py": Path(gtrain.metrics.__file__).read_text(encoding="utf-8")}

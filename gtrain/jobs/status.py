@@ -8,17 +8,30 @@ collective for a node whose part died.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from gtrain.errors import ConfigError
 from gtrain.jobs.backend import CANCEL_EXIT, JobState, aggregate, first_failed, job_exit_code
-
-__all__ = ["CANCEL_EXIT", "active_job", "aggregate", "cancel_job", "job_exit_code", "refresh_job", "resolve_job"]
 from gtrain.state import TERMINAL_JOB, Cluster
 from gtrain.state import Job as JobRecord
 
 if TYPE_CHECKING:
-    from gtrain.context import Context
+    from gtrain.events import Reporter
+    from gtrain.jobs.backend import JobBackend
+    from gtrain.state import StateStore
+
+__all__ = ["CANCEL_EXIT", "Context", "active_job", "aggregate", "cancel_job", "job_exit_code", "refresh_job",
+           "resolve_job"]
+
+
+class Context(Protocol):
+    """What folding a job's state needs of the caller's :class:`gtrain.context.Context` (declared here: the
+    context sits above the providers, which sit above jobs)."""
+
+    store: StateStore
+    report: Reporter
+
+    def backend(self, cluster: Cluster) -> JobBackend: ...
 
 #: a node's own words that mean its part of the job is over badly (or the node is)
 _DEAD = ("failed", "missing", "unreachable")
@@ -30,7 +43,7 @@ def refresh_job(cluster: Cluster, job: JobRecord, ctx: Context, *, act: bool = T
     on the others (fail-fast) and workers a dead launcher left behind are ended; without it (``status``),
     nothing is stopped: what would be is reported."""
     if (job.status in TERMINAL_JOB and job.info.get("final")) or job.status == "recovering":
-        return job  # a recovery in progress is its watcher's (gtrain.checkpoints.recovery)
+        return job  # a recovery in progress is its watcher's (gtrain.runs.recovery)
     backend = ctx.backend(cluster)
     desc = backend.describe(job)
     nodes = desc.nodes

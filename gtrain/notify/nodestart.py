@@ -10,11 +10,9 @@ import shlex
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gtrain.context import Context
     from gtrain.events import Reporter
     from gtrain.remote.base import Runner
     from gtrain.spec import ClusterSpec
-    from gtrain.state import Cluster
 
 #: the node-side marker key of each event the node's watcher may send (``@boot``: once per boot of the node)
 NODE_KEYS = {"budget_80": "budget_80", "budget_reached": "budget_reached", "idle_stopped": "idle_stopped@boot"}
@@ -98,16 +96,3 @@ def claim_on(runner: Runner, cluster_name: str, kind: str) -> bool:
                             ["claim", marker_dir(runner, cluster_name), key, "1" if kind == "idle_stopped" else "0"],
                             timeout=30)
     return bool(json.loads(res.stdout.strip().splitlines()[-1])["claimed"])
-
-
-def node_claim(ctx: Context, cluster: Cluster, kind: str) -> bool | None:
-    """Claim ``kind``'s marker on rank 0 before the laptop sends it: False when the node's watcher sent it
-    already; None when the cluster has no node watcher or its node cannot be asked (the laptop sends)."""
-    from gtrain.errors import GtrainError
-
-    if kind not in NODE_KEYS or not getattr(ctx.provider(cluster.provider), "node_watchers", False):
-        return None
-    try:
-        return claim_on(ctx.runners(cluster)[0], cluster.name, kind)
-    except (GtrainError, OSError, ValueError, IndexError, KeyError):
-        return None

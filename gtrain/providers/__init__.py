@@ -15,7 +15,7 @@ from functools import cache
 from typing import TYPE_CHECKING
 
 from gtrain.errors import ConfigError
-from gtrain.providers.registry import (
+from gtrain.registry import (
     _ADDED,
     ENTRY_POINT_GROUP,
     PLANNED,
@@ -23,7 +23,7 @@ from gtrain.providers.registry import (
     _target,
     provider_names,
 )
-from gtrain.providers.registry import (
+from gtrain.registry import (
     _entry_points as _entry_points,
 )
 

@@ -20,10 +20,10 @@ from gtrain.events import SILENT, Reporter
 
 if TYPE_CHECKING:  # kept off the import path of `gtrain status` (pydantic, runners)
     from gtrain.jobs.backend import JobBackend
-    from gtrain.nodes import NodeRecord
     from gtrain.remote.base import Runner
     from gtrain.spec import ClusterSpec
     from gtrain.state import Cluster, CostInterval, StateStore
+    from gtrain.state.nodes import NodeRecord
 
 #: ``gtrain attach``'s record (the cluster's spec and jobs, nothing secret), kept by :meth:`Provider.keep_record`
 RECORD = "gtrain-record.json"
@@ -247,6 +247,10 @@ class Provider(ABC):
         if seconds > 0 and self.billing_minimum_s:
             seconds = max(seconds, self.billing_minimum_s)
         return math.ceil(seconds) * interval.price_per_hour / 3600.0
+
+
+#: the market of a stopped node's cost interval: only its disk bills (``gtrain stop``, a cloud's lifetime)
+STOPPED_MARKET = "stopped"
 
 
 @dataclass

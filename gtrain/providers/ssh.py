@@ -21,11 +21,11 @@ from gtrain.remote.fanout import parallel
 from gtrain.remote.nodeside import ROOT_MARKER
 
 if TYPE_CHECKING:
-    from gtrain.nodes import NodeRecord
     from gtrain.remote.base import Runner
     from gtrain.remote.ssh import SSHRunner, SSHTarget
     from gtrain.spec import ClusterSpec
     from gtrain.state import Cluster, CostInterval
+    from gtrain.state.nodes import NodeRecord
 
 #: a user or host name: letters, digits, `.`, `_`, `-`, not starting with `-` (ssh would read it as an option)
 NAME = r"[A-Za-z0-9_][A-Za-z0-9._-]*"
@@ -173,8 +173,8 @@ class SSHProvider(Provider):
         )
 
     def provision(self, spec: ClusterSpec, cluster: Cluster, plan: Plan) -> None:
-        from gtrain.nodes import NodeRecord
         from gtrain.remote.ssh import SSHRunner, pin_host_key, pinned_keys
+        from gtrain.state.nodes import NodeRecord
 
         section = parse_section(spec)
         entries = section.hosts[: spec.num_nodes]

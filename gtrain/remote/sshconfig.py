@@ -17,7 +17,7 @@ def config_path(store: StateStore) -> Path:
 
 def write_ssh_config(store: StateStore, *, exclude: str | None = None) -> Path:
     from gtrain.remote.ssh.hostkeys import known_hosts_path
-    from gtrain.remote.ssh.target import ssh_config_block
+    from gtrain.state.sshtarget import ssh_config_block
 
     blocks = ["# Written by gtrain for its live clusters; regenerated on every `gtrain up` and `gtrain down`.\n"]
     for c in store.list_clusters():

@@ -4,17 +4,6 @@
 
 Entry points for the rest of gtrain: :func:`gtrain.runlog.archive.archive_job`,
 :func:`gtrain.runlog.archive.record_event`, :func:`gtrain.runlog.archive.logs_from_archive`,
-:func:`gtrain.runlog.service.write_report` and :func:`node_files` (what a node needs to ``import gtrain.metrics``).
+:func:`gtrain.runlog.service.write_report`. What a node
+needs to ``import gtrain.metrics`` is :func:`gtrain.jobs.render.metrics_files`.
 """
-
-from __future__ import annotations
-
-from pathlib import Path
-
-
-def node_files() -> dict[str, str]:
-    """Job-dir-relative path -> text: a copy of :mod:`gtrain.metrics` under ``py/gtrain/`` (rank.sh puts ``py`` at
-    the end of PYTHONPATH). No ``__init__.py``: it is a namespace portion, so an installed gtrain wins over it."""
-    import gtrain.metrics
-
-    return {"py/gtrain/metrics.py": Path(gtrain.metrics.__file__).read_text(encoding="utf-8")}

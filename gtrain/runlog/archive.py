@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING, Any
 
 from gtrain import redact
 from gtrain.errors import ClusterNotFound, GtrainError
-from gtrain.runlog.events import EVENT_KINDS as EVENT_KINDS  # re-exported: the archive's public names
-from gtrain.runlog.events import cluster_dir as cluster_dir
-from gtrain.runlog.events import job_dir, runs_root
-from gtrain.runlog.events import read_events as read_events
-from gtrain.runlog.events import record_event as record_event
+from gtrain.state.runs import EVENT_KINDS as EVENT_KINDS  # re-exported: the archive's public names
+from gtrain.state.runs import cluster_dir as cluster_dir
+from gtrain.state.runs import job_dir, runs_root
+from gtrain.state.runs import read_events as read_events
+from gtrain.state.runs import record_event as record_event
 
 if TYPE_CHECKING:
     from gtrain.context import Context

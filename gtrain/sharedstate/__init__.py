@@ -33,7 +33,7 @@ def _config_value(home: Path) -> tuple[str, str] | None:
     path = home / "config.yaml"
     if not path.is_file():
         return None
-    from gtrain.specyaml import load as load_yaml_text
+    from gtrain.spec.loader import load as load_yaml_text
 
     try:
         doc = load_yaml_text(path.read_text(), str(path))
@@ -101,6 +101,6 @@ def open_store(home: Path | None = None) -> StateStore:
     return SharedStateStore(shared, home)
 
 
-from gtrain.identity import identity  # noqa: E402  re-exported
+from gtrain.state.identity import identity  # noqa: E402  re-exported
 
 __all__ = ["identity", "open_store", "remote", "state_url"]

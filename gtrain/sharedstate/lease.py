@@ -46,7 +46,7 @@ def holds(name: str) -> bool:
 
 class Lease:
     def __init__(self, remote: CondStore, name: str, what: str) -> None:
-        from gtrain.identity import identity
+        from gtrain.state.identity import identity
 
         self.remote, self.name, self.what = remote, name, what
         self.key = f"leases/{name}.json"

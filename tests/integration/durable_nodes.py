@@ -99,8 +99,8 @@ class Notes(Reporter):
 
 def run_key(spec: Path) -> str:
     """The run's folder in the checkpoint store (``<cluster>/<run_id>``), as gtrain derives it from the spec."""
-    from gtrain.checkpoints.policy import run_key as key
     from gtrain.spec import load_spec
+    from gtrain.spec.checkpoints import run_key as key
 
     s = load_spec(spec)
     assert s.job is not None

@@ -17,11 +17,11 @@ from typing import Any
 import boto3
 import pytest
 
-from gtrain import cluster as core
 from gtrain.context import Context
 from gtrain.errors import CapacityError
 from gtrain.providers.aws import TAG_CLUSTER, AWSProvider
 from gtrain.providers.gcp.provider import GCPProvider
+from gtrain.runs import cluster as core
 from gtrain.spec import ClusterSpec, parse_spec
 from gtrain.state import StateStore
 from tests.fixtures.fake_arm import Failure, FakeARM

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 import gtrain
-from gtrain.attach import attach
 from gtrain.context import Context
 from gtrain.providers.cloud.keys import generate_key
 from gtrain.remote import ssh as sshmod
+from gtrain.runs.attach import attach
 from gtrain.spec import load_spec
 from tests.fixtures.fake_gce import FakeGCE
 from tests.integration.node_relay import assign, relay_hosts

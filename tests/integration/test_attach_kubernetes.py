@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 import gtrain
-from gtrain.attach import attach
 from gtrain.context import Context
 from gtrain.errors import ConfigError, GtrainError
+from gtrain.runs.attach import attach
 from gtrain.spec import load_spec
 from tests.fixtures.fake_kube import FakeKube
 from tests.integration.test_kubernetes import kube, spec

@@ -18,7 +18,6 @@ import boto3
 import pytest
 from botocore.awsrequest import AWSResponse
 
-from gtrain import cluster as core
 from gtrain.context import Context
 from gtrain.errors import CapacityError, ConfigError, QuotaError
 from gtrain.events import Reporter
@@ -30,6 +29,7 @@ from gtrain.providers.aws import (
     host_keys_from_console,
     key_path,
 )
+from gtrain.runs import cluster as core
 from gtrain.spec import ClusterSpec, parse_spec
 from gtrain.state import CostInterval, StateStore
 

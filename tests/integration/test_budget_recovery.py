@@ -12,11 +12,11 @@ from typing import Any
 import boto3
 import pytest
 
-from gtrain import cluster as core
 from gtrain.context import Context
 from gtrain.providers.aws import AWSProvider
 from gtrain.providers.cloud.lifetime import BudgetSpent, node_lifetime_s
 from gtrain.providers.gcp.provider import GCPProvider
+from gtrain.runs import cluster as core
 from gtrain.spec import Policies, parse_spec
 from gtrain.state import StateStore
 from tests.fixtures.fake_gce import FakeGCE

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gtrain.checkpoints import ship
 from gtrain.events import SILENT
+from gtrain.runs import ship
 from tests.unit.test_checkpoint_tool_seam import _plan
 
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import boto3
 import pytest
 
-from gtrain import cluster as core
-from gtrain.cluster import Context
 from gtrain.providers import get_provider, provider_class
 from gtrain.providers.aws import AWSProvider
 from gtrain.providers.gcp import GCPProvider
+from gtrain.runs import cluster as core
+from gtrain.runs.cluster import Context
 from gtrain.spec import parse_spec
 from gtrain.state import StateStore
 from tests.fixtures.fake_gce import FakeGCE

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from gtrain.checkpoints.node import PARTIAL, Uploader, cmd_restore
-from gtrain.checkpoints.ship import pull_from_store
+from gtrain.checkpoints.pull import pull_from_store
 from gtrain.checkpoints.store import Store
 from tests.integration.test_durable_local import bucket
 

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from gtrain.checkpoints import node as ckpt_node
-from gtrain.checkpoints.ship import pull_from_store
+from gtrain.checkpoints.pull import pull_from_store
 from gtrain.checkpoints.store import Store
 
 

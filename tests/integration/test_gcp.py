@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from gtrain import cluster as core
 from gtrain.context import Context
 from gtrain.errors import CapacityError, ConfigError, QuotaError
 from gtrain.providers.cloud.billing import HOURS_PER_MONTH
 from gtrain.providers.cloud.keys import key_path
 from gtrain.providers.gcp.api import compute_endpoint
 from gtrain.providers.gcp.provider import PD_USD_PER_GB_MONTH, GCPProvider
+from gtrain.runs import cluster as core
 from gtrain.spec import ClusterSpec, parse_spec
 from gtrain.state import CostInterval, StateStore
 from tests.fixtures.fake_gce import PROJECT, FakeGCE

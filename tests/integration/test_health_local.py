@@ -17,8 +17,9 @@ import pytest
 
 import gtrain
 from gtrain.context import Context
-from gtrain.health.model import MinGpuUtil
-from gtrain.health.telemetry import enforce_min_gpu_util, read
+from gtrain.health.telemetry import read
+from gtrain.runs.preflight import enforce_min_gpu_util
+from gtrain.spec.health import MinGpuUtil
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia_smi"
 

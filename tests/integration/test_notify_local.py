@@ -113,7 +113,7 @@ def test_budget_80_and_reached_are_sent_once_when_the_cost_so_far_reaches_them(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The `fake` plug-in provider bills $0.50/h per node; a cap of $0.0001 is spent within a second."""
     from gtrain.context import Context
-    from gtrain.jobs.follow import budget_check
+    from gtrain.runs.follow import budget_check
     from tests.fake_provider import installed
 
     monkeypatch.setenv("GTRAIN_NOTIFY_BACKOFF_S", "0.01")

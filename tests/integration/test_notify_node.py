@@ -82,8 +82,8 @@ def test_the_node_sends_idle_stopped_itself_once_and_keeps_its_secret_in_memory(
             # the laptop's side of the markers, over SSH: an event the node claimed is not sent again by a
             # follower; one the follower sends first is marked on the node, so the node's watcher will not
             from gtrain.context import Context
-            from gtrain.notify.dispatch import notify_job
             from gtrain.notify.nodestart import claim_on
+            from gtrain.runs.notify import notify_job
 
             monkeypatch.setenv("NODE_HOOK_URL", hook.url)
             ctx = Context()

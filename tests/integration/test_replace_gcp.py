@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from gtrain import cluster as core
 from gtrain.context import Context
 from gtrain.errors import ConfigError
 from gtrain.providers.gcp.provider import GCPProvider
+from gtrain.runs import cluster as core
 from gtrain.spec import parse_spec
 from gtrain.state import StateStore
 from tests.fixtures.fake_gce import FakeGCE

@@ -226,8 +226,8 @@ def test_status_of_20_clusters_is_fast_and_imports_no_sdk(shared: dict[str, Any]
     # the modules the path imports are loaded first (an installed gtrain has their bytecode; a fresh checkout
     # compiles them on first use): what is timed is the cold cache's LIST + 20 GETs, then the warm one's LIST
     probe = ("import sys, time, io, contextlib\nfrom gtrain.cli.fast import handle\n"
-             "import gtrain.api, gtrain.cluster, gtrain.cli.views, gtrain.sharedstate.store, gtrain.sync.objstore\n"
-             "import gtrain.sync.condput, gtrain.sync.s3wire\n"
+             "import gtrain.api, gtrain.runs.cluster, gtrain.cli.views, gtrain.sharedstate.store\n"
+             "import gtrain.sync.objstore, gtrain.sync.condput, gtrain.sync.s3wire\n"
              "for _ in range(2):\n t = time.perf_counter()\n buf = io.StringIO()\n"
              " with contextlib.redirect_stdout(buf): handle(['status', '--json'])\n"
              " print(time.perf_counter() - t, len(__import__('json').loads(buf.getvalue())['clusters']))\n"

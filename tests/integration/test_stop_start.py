@@ -162,7 +162,7 @@ def test_stop_and_start_an_aws_cluster(moto_server: str, ssh_hosts, tmp_path: Pa
 @pytest.mark.slow
 def test_stop_and_start_a_gcp_cluster_and_an_idle_stopped_node(fake_gce: FakeGCE, ssh_hosts,  # type: ignore[no-untyped-def]
                                                                tmp_path: Path, gtrain_home: Path) -> None:
-    from gtrain.checkpoints.recovery import _reprovision
+    from gtrain.runs.recovery import _reprovision
 
     sshmod.close_all()
     relay_dir = tmp_path / "relay"

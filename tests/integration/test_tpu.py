@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from gtrain import cluster as core
 from gtrain.context import Context
 from gtrain.errors import CapacityError, ConfigError
 from gtrain.providers.gcp.provider import GCPProvider
+from gtrain.runs import cluster as core
 from gtrain.spec import ClusterSpec, parse_spec
 from gtrain.state import StateStore
 from tests.fixtures.fake_gce import FakeGCE

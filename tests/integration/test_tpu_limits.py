@@ -133,8 +133,8 @@ def test_the_self_delete_of_a_queued_slice(fake_tpu: FakeTPU, tmp_path: Path) ->
     import subprocess
     import urllib.request
 
-    from gtrain.providers.tpu import selfdelete
-    from gtrain.providers.tpu.limits import SCRIPT
+    from gtrain.providers.gcp.tpu import selfdelete
+    from gtrain.providers.gcp.tpu.limits import SCRIPT
 
     meta = ThreadingHTTPServer(("127.0.0.1", 0), _Metadata)
     threading.Thread(target=meta.serve_forever, daemon=True).start()

@@ -230,7 +230,7 @@ def test_refresh_reprices_the_tpu_types_from_their_skus(env: str, gtrain_home: P
     """The Cloud TPU types ride on gcp's refresh: $/chip-hour from the TPU SKUs of the Cloud TPU service (v4) and
     of Compute Engine (v5p, v5e), spot from the Preemptible SKUs (none for v4: its estimate scaled), commitments
     and non-hourly SKUs left out, v6e (no SKU) kept as shipped and listed; `catalog --tpu` and a plan use it."""
-    from gtrain.providers.registry import accelerator_shape
+    from gtrain.registry import accelerator_shape
 
     before = {n: accelerator_shape(n) for n in ("tpu-v4-8", "tpu-v6e-8")}
     r = gtrain("catalog", "--refresh", "--provider", "gcp", "--json")
@@ -256,7 +256,7 @@ def test_refresh_reprices_the_tpu_types_from_their_skus(env: str, gtrain_home: P
 def test_no_tpu_sku_recognised_keeps_the_types_and_writes_nothing(gtrain_home: Path) -> None:
     """Should Google rename its TPU SKUs, the TPU types in use stay (no dated copy of unchanged prices), every
     type is listed as kept, and nothing fails: gcp's GPU prices are refreshed all the same."""
-    from gtrain.providers.tpu.prices import generation, refresh_catalog
+    from gtrain.providers.gcp.tpu.prices import generation, refresh_catalog
 
     result, path, text = refresh_catalog(lambda service: [{"description": "Unrelated SKU", "category": {
         "usageType": "OnDemand", "resourceGroup": "TPU"}}], "2026-12-03")

@@ -1,5 +1,5 @@
 """The JobBackend seam's ``checkpoint_tool``: a backend whose plan carries gtrain's checkpoint tool ("plan":
-its nodes exist only once submitted) is never asked for runners by gtrain/checkpoints/ship.py; the run's store
+its nodes exist only once submitted) is never asked for runners by gtrain/runs/ship.py; the run's store
 folder comes from its plan, and the collect before a relaunch is skipped."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from gtrain.checkpoints import ship
 from gtrain.events import SILENT
 from gtrain.jobs.backend import JobBackend, JobPlan, JobRequest
+from gtrain.runs import ship
 from gtrain.spec import parse_spec
 
 

@@ -129,7 +129,7 @@ def readme_install() -> tuple[str, dict[str, str]]:
 
 
 def test_readme_first_screen_says_how_to_install_and_which_extra_each_provider_needs(tmp_path: Path) -> None:
-    from gtrain.providers.registry import REGISTRY
+    from gtrain.registry import REGISTRY
 
     head, rows = readme_install()
     assert head.index("make demo") < head.index("**Install**")  # the tour commands stay on top

@@ -47,7 +47,7 @@ def test_local_plan_says_its_policies_are_not_enforced(tmp_path: Path) -> None:
 
 
 def test_help_names_the_launcher_and_every_provider() -> None:
-    from gtrain.providers.registry import REGISTRY
+    from gtrain.registry import REGISTRY
 
     top = gtrain("--help").stdout
     for name in REGISTRY:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gtrain.spec import parse_spec
-from gtrain.specyaml import load
+from gtrain.spec.loader import load
 
 ROOT = Path(__file__).resolve().parents[2]
 MARK = "<!-- yaml: reference -->"

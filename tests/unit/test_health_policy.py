@@ -7,9 +7,9 @@ import pytest
 
 from gtrain.catalog.network import network
 from gtrain.errors import ConfigError
-from gtrain.health.model import MinGpuUtil
 from gtrain.health.telemetry import NodeTelemetry, idle_for, rows
 from gtrain.spec import parse_spec
+from gtrain.spec.health import MinGpuUtil
 
 
 def test_policies_parse_and_bad_values_name_the_field() -> None:

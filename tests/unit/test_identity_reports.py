@@ -1,4 +1,4 @@
-"""Who ran it (gtrain.identity) in the cost report (`gtrain down`'s table, `gtrain cost`, --json) and in the HTML
+"""Who ran it (gtrain.state.identity) in the cost report (`gtrain down`'s table, `gtrain cost`, --json) and in the HTML
 report of `gtrain report`."""
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gtrain.containers.options import image_registry
 from gtrain.errors import ConfigError
 from gtrain.spec import ClusterSpec
+from gtrain.spec.containers import image_registry
 
 
 def _spec(**job: object) -> ClusterSpec:

@@ -24,7 +24,7 @@ print(sorted(k for k in sys.modules if k.startswith("gtrain")))
 
 def test_helper_works_as_the_only_gtrain_file_on_a_node(tmp_path: Path) -> None:
     """Shipped as py/gtrain/metrics.py (no __init__.py) and run with no site-packages at all."""
-    from gtrain.runlog import node_files
+    from gtrain.jobs.render import metrics_files as node_files
 
     for rel, text in node_files().items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from gtrain import redact
-from gtrain.notify.dispatch import claim, deliver, message, send
-from gtrain.notify.options import NotifySpec
+from gtrain.notify import deliver, message
+from gtrain.notify.dispatch import claim, send
+from gtrain.spec.notify import NotifySpec
 from tests.notify_receivers import smtp, webhook
 
 

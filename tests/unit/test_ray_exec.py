@@ -1,5 +1,5 @@
 """provider ray: one step of gtrain's checkpoint tool (every node's command, given at once from a thread per
-node as gtrain.checkpoints.ship does) is ONE Ray job; its entrypoint (the real nodeexec.py, run here as Ray
+node as gtrain.runs.ship does) is ONE Ray job; its entrypoint (the real nodeexec.py, run here as Ray
 runs an entrypoint: in the unpacked working_dir, runtime_env env_vars in its environment) runs each node's
 command with its files and its secrets on stdin, and each node gets its own result. The Jobs API is faked
 at the wire (HTTP, from Ray's Jobs REST reference: package upload, submit, GET status, logs, DELETE), spoken to

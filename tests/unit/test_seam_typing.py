@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-SEAMS = ["gtrain/jobs/backend.py", "gtrain/providers/base.py", "gtrain/nodes.py", "gtrain/context.py",
-         "gtrain/providers/registry.py"]
+SEAMS = ["gtrain/jobs/backend.py", "gtrain/providers/base.py", "gtrain/state/nodes.py", "gtrain/context.py",
+         "gtrain/registry.py"]
 
 
 def test_seam_modules_pass_mypy_strict(repo_root: Path, tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ def test_who_ran_it_is_the_ci_run_else_user_at_host(monkeypatch) -> None:  # typ
     import getpass
     import socket
 
-    from gtrain.identity import identity
+    from gtrain.state.identity import identity
 
     for k in ("GITHUB_ACTIONS", "GITLAB_CI", "GTRAIN_IDENTITY"):
         monkeypatch.delenv(k, raising=False)

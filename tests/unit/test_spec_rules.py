@@ -13,7 +13,7 @@ import pytest
 
 from gtrain.errors import ConfigError
 from gtrain.providers import register, unregister
-from gtrain.providers.registry import REGISTRY
+from gtrain.registry import REGISTRY
 from gtrain.spec import load_spec, parse_spec
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from gtrain.errors import ConfigError
 from gtrain.spec import load_spec, parse_spec
-from gtrain.specyaml import load
+from gtrain.spec.loader import load
 
 
 def gtrain(*args: str, cwd: Path) -> tuple[subprocess.CompletedProcess[str], float]:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from gtrain.errors import CapacityError, ConfigError, CredentialsError, QuotaError
-from gtrain.providers.tpu.api import translate_status
-from gtrain.providers.tpu.types import lookup, topology_chips, tpu_types
+from gtrain.providers.gcp.tpu.api import translate_status
+from gtrain.providers.gcp.tpu.types import lookup, topology_chips, tpu_types
 from gtrain.spec import parse_spec
 
 

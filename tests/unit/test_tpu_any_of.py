@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from gtrain.errors import ConfigError
-from gtrain.placement import candidate_specs
-from gtrain.providers.registry import accelerator_shape
+from gtrain.registry import accelerator_shape
+from gtrain.runs.placement import candidate_specs
 from gtrain.spec import parse_spec
 
 
@@ -45,7 +45,7 @@ def test_a_num_nodes_that_does_not_match_a_slice_candidate_names_the_fields() ->
 
 def test_candidates_are_priced_side_by_side_per_chip_hour(tmp_path: Path, gtrain_home: Path) -> None:
     from gtrain.context import Context
-    from gtrain.placement import offers
+    from gtrain.runs.placement import offers
     from gtrain.state import StateStore
 
     got = {o.label: o for o in offers(parse_spec(spec()), Context(store=StateStore()))}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gtrain.jobs.launchers.options import DEFAULT, NAMES
+from gtrain.spec.launchers import DEFAULT, NAMES
 
 if TYPE_CHECKING:
     from gtrain.jobs.launchers.base import Launcher

@@ -27,7 +27,7 @@ class Accelerate(Launcher):
     starter = "accelerate launch (torchrun underneath)"
 
     def _config(self, path: Path) -> dict[str, Any]:
-        from gtrain import specyaml
+        from gtrain.spec import loader as specyaml
 
         try:
             # the spec's loader: its limits (depth, size, aliases, long numbers) hold for this file too

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from gtrain.errors import ConfigError
-from gtrain.jobs.launchers.options import OPTION_MODELS, RESERVED_BY
+from gtrain.spec.launchers import OPTION_MODELS, RESERVED_BY
 
 if TYPE_CHECKING:
     from gtrain.jobs.templating import NodeContext

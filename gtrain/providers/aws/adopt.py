@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gtrain.errors import ConfigError
 from gtrain.providers.aws import api
@@ -12,13 +12,26 @@ from gtrain.providers.aws.network import Region
 from gtrain.providers.aws.options import aws_options
 
 if TYPE_CHECKING:
-    from gtrain.providers.aws.provider import AWSProvider
+    from gtrain.providers.aws.api import EC2Clients
+    from gtrain.providers.aws.instances import AWSInstances
+    from gtrain.providers.aws.teardown import AWSTeardown
     from gtrain.providers.base import Plan
+    from gtrain.providers.cloud.ledger import Ledger
     from gtrain.spec import ClusterSpec
     from gtrain.state import Cluster
 
 
-def find_by_name(p: AWSProvider, spec: ClusterSpec, regions: list[str]) -> tuple[str, str] | None:
+class AdoptHost(Protocol):
+    """What attach uses of the provider (:class:`~gtrain.providers.aws.provider.AWSProvider` is one): its EC2
+    clients, ledger, instances and teardown parts."""
+
+    clients: EC2Clients
+    ledger: Ledger
+    instances: AWSInstances
+    teardown: AWSTeardown
+
+
+def find_by_name(p: AdoptHost, spec: ClusterSpec, regions: list[str]) -> tuple[str, str] | None:
     """(cluster id, region) of the live instances tagged ``gtrain:cluster-name`` = the spec's name."""
     opts = aws_options(spec.aws)
     found: dict[str, str] = {}
@@ -39,7 +52,7 @@ def find_by_name(p: AWSProvider, spec: ClusterSpec, regions: list[str]) -> tuple
     return next(iter(found.items()), None)
 
 
-def adopt(p: AWSProvider, spec: ClusterSpec, cluster: Cluster, plan: Plan, region: str) -> None:
+def adopt(p: AdoptHost, spec: ClusterSpec, cluster: Cluster, plan: Plan, region: str) -> None:
     """Record the cluster's tagged resources and its nodes (by ``gtrain:rank``), then reach them over SSH."""
     from gtrain.catalog import lookup
 

@@ -29,9 +29,9 @@ if TYPE_CHECKING:
     from gtrain.providers.aws.options import AWSOptions
     from gtrain.providers.base import Plan
     from gtrain.providers.cloud.ledger import Ledger
-    from gtrain.remote.ssh.target import SSHTarget
     from gtrain.spec import ClusterSpec
     from gtrain.state import Cluster
+    from gtrain.state.sshtarget import SSHTarget
 
 def shutdown_user_data(seconds: int) -> str:
     """cloud-init user data that powers the node off ``seconds`` after boot (rounded up to whole minutes, as
@@ -248,7 +248,7 @@ class AWSInstances:
 
     def record_nodes(self, spec: ClusterSpec, cluster: Cluster, plan: Plan, opts: AWSOptions, reg: Region,
                      zone: str, nodes: dict[int, dict[str, Any]], od_price: float, spot_price: float) -> None:
-        from gtrain.nodes import NodeRecord
+        from gtrain.state.nodes import NodeRecord
 
         market = "spot" if spec.resources.use_spot else "on-demand"
         price = spot_price if spec.resources.use_spot else od_price
@@ -301,7 +301,7 @@ class AWSInstances:
 def ssh_target(extra: dict[str, Any], instance_id: str) -> SSHTarget:
     """How gtrain reaches an instance: its public address (private without one), or the instance id through
     ``aws.ssh_proxy_command`` (SSM)."""
-    from gtrain.remote.ssh.target import SSHTarget
+    from gtrain.state.sshtarget import SSHTarget
 
     proxy = extra.get("proxy_command")
     host = instance_id if proxy else (extra.get("public_ip") or extra.get("private_ip") or "")

@@ -15,9 +15,9 @@ from gtrain.providers.aws import api
 from gtrain.providers.cloud.billing import cloud_interval_cost
 
 if TYPE_CHECKING:
-    from gtrain.nodes import NodeRecord
     from gtrain.providers.base import IntervalCost
     from gtrain.state import Cluster, CostInterval
+    from gtrain.state.nodes import NodeRecord
 
 #: EBS gp3 storage, USD per GB-month (us-east-1/us-east-2/us-west-2 list price, 2025; eu-west-1 is 0.088).
 #: gp3's baseline 3,000 IOPS and 125 MB/s are included; gtrain never asks for more. A month is 730 hours.

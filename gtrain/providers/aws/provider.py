@@ -32,9 +32,9 @@ from gtrain.providers.cloud.ssh_access import finish_down, resolve_ssh_cidr, ssh
 from gtrain.state import Cluster, CostInterval
 
 if TYPE_CHECKING:
-    from gtrain.nodes import NodeRecord
     from gtrain.spec import ClusterSpec
     from gtrain.state import StateStore
+    from gtrain.state.nodes import NodeRecord
 
 __all__ = ["EBS_GP3_BY_REGION", "EBS_GP3_USD_PER_GB_MONTH", "AWSProvider"]
 

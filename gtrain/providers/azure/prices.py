@@ -107,7 +107,7 @@ if __name__ == "__main__":
 
 
 def refresh_catalog(base: str, day: str, timeout: float) -> tuple[Any, str]:
-    """``gtrain catalog --refresh`` for azure (its hook in ``gtrain.providers.registry.CATALOG_REFRESH``): every
+    """``gtrain catalog --refresh`` for azure (its hook in ``gtrain.registry.CATALOG_REFRESH``): every
     size of :data:`SIZES`, re-priced from the Retail Prices API (pages linked by NextPageLink)."""
     from urllib.parse import quote
 

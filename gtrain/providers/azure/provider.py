@@ -31,10 +31,10 @@ from gtrain.providers.cloud.ssh_access import finish_down, resolve_ssh_cidr, ssh
 
 if TYPE_CHECKING:
     from gtrain.catalog import Offer
-    from gtrain.nodes import NodeRecord
-    from gtrain.remote.ssh.target import SSHTarget
     from gtrain.spec import ClusterSpec
     from gtrain.state import Cluster, CostInterval, StateStore
+    from gtrain.state.nodes import NodeRecord
+    from gtrain.state.sshtarget import SSHTarget
 
 #: managed OS disk, USD per GB-month (list prices, 2025: Premium SSD P10 128 GB $19.71 ~ 0.15/GB)
 DISK_USD_PER_GB_MONTH = {"Premium_LRS": 0.15, "StandardSSD_LRS": 0.075, "Standard_LRS": 0.045}
@@ -246,7 +246,7 @@ class AzureProvider(CloudProvider):
 
     def _record(self, spec: ClusterSpec, cluster: Cluster, plan: Plan, opts: AzureOptions, group: str,
                 region: str, nodes: dict[int, dict[str, Any]], offer: Offer) -> None:
-        from gtrain.nodes import NodeRecord
+        from gtrain.state.nodes import NodeRecord
 
         spot = spec.resources.use_spot
         price = offer.price(spot)
@@ -345,7 +345,7 @@ class AzureProvider(CloudProvider):
 
 def ssh_target(meta: dict[str, Any], name: str) -> SSHTarget:
     """How gtrain reaches a VM: its public address (private without one), or its name through the proxy."""
-    from gtrain.remote.ssh.target import SSHTarget
+    from gtrain.state.sshtarget import SSHTarget
 
     proxy = meta.get("proxy_command")
     host = name if proxy else (meta.get("public_ip") or meta.get("private_ip") or "")

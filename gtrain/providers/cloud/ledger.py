@@ -8,8 +8,8 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gtrain.nodes import NodeRecord
     from gtrain.state import Cluster, StateStore
+    from gtrain.state.nodes import NodeRecord
 
 
 class Ledger:

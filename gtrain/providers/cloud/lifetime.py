@@ -103,7 +103,7 @@ def ended_by_limit(provider: Provider, cluster: Cluster) -> dict[int, float]:
 
 def running_s(provider: Provider, cluster: Cluster, rank: int, now: float) -> float:
     """How long node ``rank`` has run (and billed compute) so far: its cost intervals, the stopped ones left out."""
-    from gtrain.stopstart import STOPPED_MARKET
+    from gtrain.providers.base import STOPPED_MARKET
 
     return sum((i.stopped_at or now) - i.started_at for i in provider.store.intervals(cluster.id)
                if i.node_rank == rank and i.market != STOPPED_MARKET)

@@ -19,12 +19,12 @@ from gtrain.providers.cloud.ledger import Ledger
 from gtrain.providers.cloud.lifetime import ended_by_limit, node_lifetime_s
 
 if TYPE_CHECKING:
-    from gtrain.nodes import NodeRecord
     from gtrain.providers.base import StoppedNode
     from gtrain.providers.cloud.options import CloudOptions
     from gtrain.remote.base import Runner
     from gtrain.spec import ClusterSpec
     from gtrain.state import Cluster, StateStore
+    from gtrain.state.nodes import NodeRecord
 
 
 class CloudProvider(Provider):

@@ -16,9 +16,9 @@ from gtrain.providers.cloud.keys import drop_key
 
 if TYPE_CHECKING:
     from gtrain.events import Reporter
-    from gtrain.nodes import NodeRecord
     from gtrain.providers.cloud.ledger import Ledger
     from gtrain.state import Cluster
+    from gtrain.state.nodes import NodeRecord
 
 
 def detect_public_cidr(section: str = "aws", timeout: float = 3.0, proxy_hint: str = "") -> str:

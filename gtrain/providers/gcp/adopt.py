@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gtrain.errors import ConfigError
 from gtrain.providers.gcp import api
@@ -14,12 +14,29 @@ from gtrain.providers.gcp.options import gcp_options
 
 if TYPE_CHECKING:
     from gtrain.providers.base import Plan
-    from gtrain.providers.gcp.provider import GCPProvider
+    from gtrain.providers.cloud.ledger import Ledger
+    from gtrain.providers.gcp.instances import GCPInstances
+    from gtrain.providers.gcp.options import GCPOptions
+    from gtrain.providers.gcp.teardown import GCPTeardown
+    from gtrain.providers.gcp.zones import GCPZones
     from gtrain.spec import ClusterSpec
-    from gtrain.state import Cluster
+    from gtrain.state import Cluster, StateStore
 
 
-def find_by_name(p: GCPProvider, spec: ClusterSpec, zones: list[str]) -> tuple[str, str | None] | None:
+class AdoptHost(Protocol):
+    """What attach uses of the provider (:class:`~gtrain.providers.gcp.provider.GCPProvider` is one): its state
+    store, ledger, zones, instances and teardown parts, and the project its options name."""
+
+    store: StateStore
+    ledger: Ledger
+    zones: GCPZones
+    instances: GCPInstances
+    teardown: GCPTeardown
+
+    def project(self, opts: GCPOptions) -> str: ...
+
+
+def find_by_name(p: AdoptHost, spec: ClusterSpec, zones: list[str]) -> tuple[str, str | None] | None:
     """(cluster id, zone) of the instances labelled ``gtrain-cluster-name`` = the spec's name (``zones``: only
     those; default every zone of the project)."""
     project = p.project(gcp_options(spec.gcp))
@@ -35,7 +52,7 @@ def find_by_name(p: GCPProvider, spec: ClusterSpec, zones: list[str]) -> tuple[s
     return next(iter(found.items()), None)
 
 
-def adopt(p: GCPProvider, spec: ClusterSpec, cluster: Cluster, plan: Plan, zone: str | None) -> None:
+def adopt(p: AdoptHost, spec: ClusterSpec, cluster: Cluster, plan: Plan, zone: str | None) -> None:
     opts = gcp_options(spec.gcp)
     project = p.project(opts)
     nodes: dict[int, Any] = {}

@@ -23,12 +23,12 @@ from gtrain.providers.gcp.options import GCPOptions, gcp_options
 if TYPE_CHECKING:
     from gtrain.catalog import Offer
     from gtrain.events import Reporter
-    from gtrain.nodes import NodeRecord
     from gtrain.providers.base import Plan
     from gtrain.providers.cloud.ledger import Ledger
-    from gtrain.remote.ssh.target import SSHTarget
     from gtrain.spec import ClusterSpec
     from gtrain.state import Cluster
+    from gtrain.state.nodes import NodeRecord
+    from gtrain.state.sshtarget import SSHTarget
 
 
 class GCPInstances:
@@ -144,7 +144,7 @@ class GCPInstances:
 
     def record_nodes(self, spec: ClusterSpec, cluster: Cluster, plan: Plan, opts: GCPOptions, project: str,
                       zone: str, nodes: dict[int, Any], offer: Offer) -> None:
-        from gtrain.nodes import NodeRecord
+        from gtrain.state.nodes import NodeRecord
 
         spot = spec.resources.use_spot
         price = offer.price(spot)
@@ -241,7 +241,7 @@ class GCPInstances:
 def ssh_target(meta: dict[str, Any], name: str) -> SSHTarget:
     """How gtrain reaches an instance: its external address (internal without one), or its name through
     ``gcp.ssh_proxy_command`` (IAP)."""
-    from gtrain.remote.ssh.target import SSHTarget
+    from gtrain.state.sshtarget import SSHTarget
 
     proxy = meta.get("proxy_command")
     if proxy:  # {zone} and {project} are filled in here (IAP tunnels need the zone); %h is OpenSSH's

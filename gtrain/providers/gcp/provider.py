@@ -37,9 +37,9 @@ from gtrain.providers.gcp.zones import REGION_ZONES, GCPZones, _attached
 
 if TYPE_CHECKING:
     from gtrain.catalog import Offer
-    from gtrain.nodes import NodeRecord
     from gtrain.spec import ClusterSpec
     from gtrain.state import Cluster, CostInterval, StateStore
+    from gtrain.state.nodes import NodeRecord
 
 __all__ = ["PD_USD_PER_GB_MONTH", "REGION_ZONES", "GCPOptions", "GCPProvider", "gcp_options"]
 
@@ -61,7 +61,7 @@ class GCPProvider(CloudProvider):
         self.zones = GCPZones(self.compute, report)
         self.instances = GCPInstances(self.compute, self.ledger, report, max_workers)
         self.teardown = GCPTeardown(self.compute, self.ledger, report, max_workers)
-        from gtrain.providers.tpu.slices import TPUSlices
+        from gtrain.providers.gcp.tpu.slices import TPUSlices
 
         self.tpu = TPUSlices(store, self.ledger, report, tpu_api)  # resources.accelerators: tpu-... (its folder)
 

@@ -20,14 +20,14 @@ from gtrain.providers.kubernetes.api import call, edge, is_not_found
 from gtrain.providers.kubernetes.options import parse_options
 
 if TYPE_CHECKING:
-    from gtrain.providers.kubernetes.provider import KubernetesProvider
+    from gtrain.providers.kubernetes.host import KubeHost
     from gtrain.spec import ClusterSpec
     from gtrain.state import Cluster
 
 MANAGED = {"app.kubernetes.io/managed-by": "gtrain"}
 
 
-def find_by_name(p: KubernetesProvider, spec: ClusterSpec, namespaces: list[str]) -> tuple[str, str | None] | None:
+def find_by_name(p: KubeHost, spec: ClusterSpec, namespaces: list[str]) -> tuple[str, str | None] | None:
     """(cluster id, namespace) of the anchor ConfigMap naming cluster ``spec.name`` (``namespaces``: only those;
     default the spec's ``kubernetes.namespace``)."""
     from lightkube.resources.core_v1 import ConfigMap
@@ -52,7 +52,7 @@ def find_by_name(p: KubernetesProvider, spec: ClusterSpec, namespaces: list[str]
     return next(iter(found.items()), None)
 
 
-def adopt(p: KubernetesProvider, spec: ClusterSpec, cluster: Cluster, namespace: str | None) -> None:
+def adopt(p: KubeHost, spec: ClusterSpec, cluster: Cluster, namespace: str | None) -> None:
     """Record the anchor in the ledger and the node slots, as ``up`` does (nothing is created)."""
     from gtrain.providers.kubernetes.api import client
 
@@ -65,8 +65,7 @@ def adopt(p: KubernetesProvider, spec: ClusterSpec, cluster: Cluster, namespace:
     label = json.loads((anchor or {}).get("data", {}).get("gpu_label") or "null")
     extra["kubernetes"]["gpu_label"] = label if isinstance(label, list) else None
     p.store.update_cluster(cluster.id, extra=extra)
-    with p._lock:
-        p._clients[cluster.id] = c
+    p.remember_client(cluster, c)
     rid = p.store.record_resource(cluster.id, "configmap", ko.anchor_name(cluster.name, cluster.id), region=ns)
     p.store.mark_resource(rid, "created")
     for k in range(spec.num_nodes):
@@ -74,7 +73,7 @@ def adopt(p: KubernetesProvider, spec: ClusterSpec, cluster: Cluster, namespace:
                             meta={})
 
 
-def _anchor(p: KubernetesProvider, cluster: Cluster) -> dict[str, Any] | None:
+def _anchor(p: KubeHost, cluster: Cluster) -> dict[str, Any] | None:
     from lightkube.resources.core_v1 import ConfigMap
 
     ns = (cluster.extra.get("kubernetes") or {}).get("namespace") or "default"
@@ -88,7 +87,7 @@ def _anchor(p: KubernetesProvider, cluster: Cluster) -> dict[str, Any] | None:
             raise
 
 
-def keep_record(p: KubernetesProvider, cluster: Cluster, body: bytes) -> None:
+def keep_record(p: KubeHost, cluster: Cluster, body: bytes) -> None:
     """The record into the anchor ConfigMap (replaced on the version read; one retry on a conflict)."""
     from lightkube import codecs
 
@@ -107,7 +106,7 @@ def keep_record(p: KubernetesProvider, cluster: Cluster, body: bytes) -> None:
             continue
 
 
-def read_record(p: KubernetesProvider, cluster: Cluster) -> dict[str, Any] | None:
+def read_record(p: KubeHost, cluster: Cluster) -> dict[str, Any] | None:
     have = _anchor(p, cluster)
     try:
         doc = json.loads(((have or {}).get("data") or {}).get("record") or "null")

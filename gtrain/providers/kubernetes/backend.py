@@ -33,12 +33,12 @@ from gtrain.providers.kubernetes import objects as ko
 from gtrain.providers.kubernetes.api import call, edge, is_not_found
 
 if TYPE_CHECKING:
-    from gtrain.providers.kubernetes.provider import KubernetesProvider
+    from gtrain.providers.kubernetes.host import KubeHost
     from gtrain.state import Job as JobRecord
 
 
 def ship_bundle() -> bytes:
-    from gtrain.checkpoints.ship import bundle
+    from gtrain.checkpoints.bundle import bundle
 
     return bundle()
 
@@ -46,7 +46,7 @@ def ship_bundle() -> bytes:
 class KubernetesBackend(JobBackend):
     name = "kubernetes"
     checkpoint_tool = "plan"  # pods exist only once the Job is: its pods carry the tool (a ConfigMap)
-    provider: KubernetesProvider
+    provider: KubeHost
 
     @property
     def namespace(self) -> str:
@@ -64,10 +64,10 @@ class KubernetesBackend(JobBackend):
     # ---- plan and submit -------------------------------------------------------------------------
 
     def dryrun(self, request: JobRequest) -> JobPlan:
-        from gtrain.checkpoints.policy import run_key
         from gtrain.jobs.nodescript import launcher_of
         from gtrain.jobs.render import render_all
         from gtrain.providers.kubernetes.options import parse_options
+        from gtrain.spec.checkpoints import run_key
 
         spec = request.spec
         job = spec.job

@@ -12,10 +12,10 @@ from gtrain.providers.kubernetes import objects as ko
 from gtrain.providers.kubernetes.api import edge, is_not_found
 
 if TYPE_CHECKING:
-    from gtrain.providers.kubernetes.provider import KubernetesProvider
+    from gtrain.providers.kubernetes.host import KubeHost
 
 
-def namespaces(provider: KubernetesProvider) -> list[str]:
+def namespaces(provider: KubeHost) -> list[str]:
     """``default`` and every namespace a kubernetes cluster in state used."""
     out = ["default"]
     for c in provider.store.list_clusters(include_terminated=True):
@@ -44,7 +44,7 @@ def _found(c: Any, ns: str) -> list[tuple[str, str, str]]:
     return out
 
 
-def sweep(provider: KubernetesProvider, regions: list[str] | None, live_cluster_ids: set[str],
+def sweep(provider: KubeHost, regions: list[str] | None, live_cluster_ids: set[str],
           delete: bool) -> GCResult:
     from lightkube.types import CascadeType
 

@@ -20,7 +20,7 @@ from gtrain.providers.kubernetes.api import edge
 from gtrain.remote.base import CommandResult, Runner
 
 if TYPE_CHECKING:
-    from gtrain.providers.kubernetes.provider import KubernetesProvider
+    from gtrain.providers.kubernetes.host import KubeHost
     from gtrain.state import Cluster
 
 
@@ -47,7 +47,7 @@ class _Lines(io.RawIOBase):
 
 
 class PodRunner(Runner):
-    def __init__(self, provider: KubernetesProvider, cluster: Cluster, rank: int) -> None:
+    def __init__(self, provider: KubeHost, cluster: Cluster, rank: int) -> None:
         self.provider, self.cluster, self.rank = provider, cluster, rank
         self.label = f"node {rank} (pod {rank})"
         self.address = f"pod {rank}"

@@ -20,10 +20,10 @@ from gtrain.providers.kubernetes.options import GPU_LABELS, KubernetesOptions, p
 
 if TYPE_CHECKING:
     from gtrain.jobs.backend import JobBackend
-    from gtrain.nodes import NodeRecord
     from gtrain.remote.base import Runner
     from gtrain.spec import ClusterSpec
     from gtrain.state import Cluster, CostInterval
+    from gtrain.state.nodes import NodeRecord
 
 #: what a launch does, checked at `up` (SelfSubjectAccessReview): (verb, group, resource)
 NEEDED = [("create", "batch", "jobs"), ("delete", "batch", "jobs"), ("list", "", "pods"), ("get", "", "pods/log"),
@@ -48,6 +48,11 @@ class KubernetesProvider(Provider):
             if cluster.id not in self._clients:
                 self._clients[cluster.id] = client(info.get("context"), info.get("namespace") or "default")
             return self._clients[cluster.id]
+
+    def remember_client(self, cluster: Cluster, c: Any) -> None:
+        """Keep ``c`` as the cluster's client (``up`` and ``attach`` made it already)."""
+        with self._lock:
+            self._clients[cluster.id] = c
 
     # ---- plan / provision --------------------------------------------------------------------------
 
@@ -77,8 +82,7 @@ class KubernetesProvider(Provider):
                                                  "gpu_label": list(label) if label else None}}
         self.store.update_cluster(cluster.id, extra=extra)
         cluster.extra = extra
-        with self._lock:
-            self._clients[cluster.id] = c
+        self.remember_client(cluster, c)
         self.anchor(cluster, opts, c)
         for k in range(spec.num_nodes):
             self.store.upsert_node(cluster.id, k, status="up", address=f"pod {k}",

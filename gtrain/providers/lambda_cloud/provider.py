@@ -33,9 +33,9 @@ from gtrain.providers.lambda_cloud.options import LambdaOptions, lambda_options
 from gtrain.providers.lambda_cloud.teardown import LambdaTeardown, instance_name, key_name, owner_of_instance
 
 if TYPE_CHECKING:
-    from gtrain.nodes import NodeRecord
     from gtrain.spec import ClusterSpec
     from gtrain.state import Cluster, CostInterval, StateStore
+    from gtrain.state.nodes import NodeRecord
 
 __all__ = ["LambdaProvider"]
 
@@ -218,8 +218,8 @@ class LambdaProvider(CloudProvider):
 
     def _record(self, spec: ClusterSpec, cluster: Cluster, plan: Plan, opts: LambdaOptions, t: lt.LambdaType,
                 region: str, nodes: dict[int, dict[str, Any]]) -> None:
-        from gtrain.nodes import NodeRecord
-        from gtrain.remote.ssh.target import SSHTarget
+        from gtrain.state.nodes import NodeRecord
+        from gtrain.state.sshtarget import SSHTarget
 
         known = {n.rank: n for n in self.ledger.nodes(cluster.id)}
         for rank, inst in sorted(nodes.items()):

@@ -35,6 +35,8 @@ MIN_VERSION = (2, 9)
 TIMEOUT_S = 15.0
 #: how long a call waits for the head's job agent (Ray: "No available agent to submit job, please try again later")
 AGENT_WAIT_S = 90.0
+#: how long a node's watchdog takes at most to end what its dead actor left (see driver.WATCH)
+WATCHDOG_S = 5.0
 
 
 class NotFound(ProviderError):
@@ -247,3 +249,29 @@ def check_version(v: str, address: str) -> None:
         raise ProviderError(f"ray: the cluster at {address} runs Ray {v}; gtrain needs Ray "
                             f"{'.'.join(map(str, MIN_VERSION))} or newer (its Jobs REST and state APIs)",
                             hint="upgrade the cluster's Ray, or use another provider")
+
+
+def stop_job(api: RayAPI, sid: str, grace_s: float = 10) -> None:
+    """Stop one Ray job and wait until it is over and none of its actors is alive (each actor's watchdog
+    ends what the node's part left when the actor dies)."""
+    rj = api.job(sid)
+    if rj is None:
+        return
+    if rj.get("status") not in ("STOPPED", "SUCCEEDED", "FAILED"):
+        api.stop(sid)
+    deadline = time.monotonic() + grace_s + 60
+    while time.monotonic() < deadline:
+        rj = api.job(sid) or {}
+        if rj.get("status") in ("STOPPED", "SUCCEEDED", "FAILED"):
+            break
+        time.sleep(0.3)
+    hex_id = rj.get("job_id")
+    while hex_id and time.monotonic() < deadline:
+        live = [a for a in api.actors(str(hex_id)) if a.get("state") not in ("DEAD",)]
+        if not live:
+            break
+        time.sleep(0.3)
+    if rj.get("status") == "STOPPED" and "[gtrain] cancelled" not in api.logs(sid):
+        # the driver was killed before it stopped the nodes' parts: each actor's watchdog does (poll 0.5 s,
+        # SIGTERM, 2 s grace, SIGKILL)
+        time.sleep(WATCHDOG_S)

@@ -35,11 +35,10 @@ from gtrain.jobs.backend import (
 )
 from gtrain.jobs.render import NodeContext
 from gtrain.providers.ray import states
-from gtrain.providers.ray.api import RayAPI
+from gtrain.providers.ray.api import RayAPI, stop_job
 
 if TYPE_CHECKING:
     from gtrain.providers.ray.execjob import RayExec
-    from gtrain.providers.ray.provider import RayProvider
     from gtrain.state import Job as JobRecord
 
 DRIVER = "_gtrain/driver.py"
@@ -54,7 +53,6 @@ def ip_token(k: int) -> str:
 
 class RayBackend(JobBackend):
     name = "ray"
-    provider: RayProvider
 
     @property
     def api(self) -> RayAPI:
@@ -102,10 +100,10 @@ class RayBackend(JobBackend):
     # ---- plan and submit -------------------------------------------------------------------------
 
     def dryrun(self, request: JobRequest) -> JobPlan:
-        from gtrain.checkpoints.policy import run_key
         from gtrain.jobs.nodescript import launcher_of
         from gtrain.jobs.render import render_all
         from gtrain.providers.ray.options import PLACEMENTS, parse_options
+        from gtrain.spec.checkpoints import run_key
 
         spec = request.spec
         job = spec.job
@@ -182,7 +180,7 @@ class RayBackend(JobBackend):
                 for fname, text in named.items():
                     put(f"node-{k}/{fname}", text.encode(), 0o755)
             if plan.request.spec.job is not None and plan.request.spec.job.checkpoint_store:
-                from gtrain.checkpoints.ship import bundle
+                from gtrain.checkpoints.bundle import bundle
 
                 put("gtrain-ckpt.pyz", bundle())
         data = buf.getvalue()
@@ -275,7 +273,7 @@ class RayBackend(JobBackend):
         """Stop the Ray job (its driver stops every node's part) and wait until none of its actors lives."""
         sid = self.submission(job)
         if sid:
-            self.provider.stop_job(self.api, sid, grace_s)
+            stop_job(self.api, sid, grace_s)
             self.__dict__.get("_cache", {}).pop(sid, None)
 
     # ---- output ----------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""One Ray node's command line for gtrain's checkpoint tool (``gtrain.checkpoints.ship``: the write probe at
+"""One Ray node's command line for gtrain's checkpoint tool (``gtrain.runs.ship``: the write probe at
 launch, the collect and the archive of a recovery), reached through short Ray jobs over the Jobs REST API.
 
 gtrain runs one such step on every node at once (a thread per node); the runners of one backend share an

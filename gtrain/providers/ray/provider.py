@@ -15,19 +15,15 @@ from typing import TYPE_CHECKING
 
 from gtrain.errors import ConfigError, ProviderError
 from gtrain.providers.base import IntervalCost, NodeStatus, Plan, Provider
-from gtrain.providers.ray.api import RayAPI, check_version
+from gtrain.providers.ray.api import RayAPI, check_version, stop_job
 from gtrain.providers.ray.options import RayOptions, parse_options
 
 if TYPE_CHECKING:
     from gtrain.jobs.backend import JobBackend
-    from gtrain.nodes import NodeRecord
     from gtrain.remote.base import Runner
     from gtrain.spec import ClusterSpec
     from gtrain.state import Cluster, CostInterval
-
-
-#: how long a node's watchdog takes at most to end what its dead actor left (see driver.WATCH)
-WATCHDOG_S = 5.0
+    from gtrain.state.nodes import NodeRecord
 
 
 class RayProvider(Provider):
@@ -93,31 +89,6 @@ class RayProvider(Provider):
         return [NodeStatus(n.rank, "running" if n.status == "up" else n.status, n.address, f"Ray at {address}")
                 for n in self.store.nodes(cluster.id)]
 
-    def stop_job(self, api: RayAPI, sid: str, grace_s: float = 10) -> None:
-        """Stop one Ray job and wait until it is over and none of its actors is alive (each actor's watchdog
-        ends what the node's part left when the actor dies)."""
-        rj = api.job(sid)
-        if rj is None:
-            return
-        if rj.get("status") not in ("STOPPED", "SUCCEEDED", "FAILED"):
-            api.stop(sid)
-        deadline = time.monotonic() + grace_s + 60
-        while time.monotonic() < deadline:
-            rj = api.job(sid) or {}
-            if rj.get("status") in ("STOPPED", "SUCCEEDED", "FAILED"):
-                break
-            time.sleep(0.3)
-        hex_id = rj.get("job_id")
-        while hex_id and time.monotonic() < deadline:
-            live = [a for a in api.actors(str(hex_id)) if a.get("state") not in ("DEAD",)]
-            if not live:
-                break
-            time.sleep(0.3)
-        if rj.get("status") == "STOPPED" and "[gtrain] cancelled" not in api.logs(sid):
-            # the driver was killed before it stopped the nodes' parts: each actor's watchdog does (poll 0.5 s,
-            # SIGTERM, 2 s grace, SIGKILL)
-            time.sleep(WATCHDOG_S)
-
     def terminate(self, cluster: Cluster) -> None:
         info = cluster.extra.get("ray") or {}
         if info.get("address"):
@@ -130,7 +101,7 @@ class RayProvider(Provider):
                 meta = rj.get("metadata") or {}
                 if meta.get("gtrain_cluster") == cluster.id and rj.get("status") not in ("STOPPED", "SUCCEEDED",
                                                                                          "FAILED"):
-                    self.stop_job(api, str(rj.get("submission_id")))
+                    stop_job(api, str(rj.get("submission_id")))
         for res in self.store.resources(cluster.id, live_only=True):
             self.store.mark_resource(res.id, "deleted")
 

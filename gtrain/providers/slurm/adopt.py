@@ -14,10 +14,11 @@ import shlex
 from typing import TYPE_CHECKING, Any
 
 from gtrain.errors import ConfigError
+from gtrain.providers.slurm.login import login_info, runner_for
 from gtrain.providers.slurm.options import parse_options, shared_where
 
 if TYPE_CHECKING:
-    from gtrain.providers.slurm.provider import SlurmProvider
+    from gtrain.providers.slurm.login import SlurmHost
     from gtrain.remote.base import Runner
     from gtrain.spec import ClusterSpec
     from gtrain.state import Cluster
@@ -25,15 +26,15 @@ if TYPE_CHECKING:
 _MAX_RECORD = 4 << 20
 
 
-def _login_side(p: SlurmProvider, spec: ClusterSpec) -> tuple[Runner, Any]:
+def _login_side(p: SlurmHost, spec: ClusterSpec) -> tuple[Runner, Any]:
     from gtrain.providers.slurm.commands import Slurm
 
     opts = parse_options(spec)
-    runner = p._runner_for(opts.model_dump(), "/", f"{spec.name} login side", tofu=True)
+    runner = runner_for(opts.model_dump(), "/", f"{spec.name} login side", p.report, tofu=True)
     return runner, Slurm(runner, opts.conf)
 
 
-def _folder(p: SlurmProvider, spec: ClusterSpec, runner: Runner) -> tuple[str | None, dict[str, Any] | None]:
+def _folder(p: SlurmHost, spec: ClusterSpec, runner: Runner) -> tuple[str | None, dict[str, Any] | None]:
     """(the cluster's folder, resolved; its attach record) on the shared filesystem; (None, None) if no folder."""
 
     sub = shlex.quote(f"gtrain/{spec.name}")
@@ -61,7 +62,7 @@ def _live_jobs(slurm: Any, name: str) -> dict[str, tuple[str, str]]:
     return out
 
 
-def find_by_name(p: SlurmProvider, spec: ClusterSpec) -> tuple[str, str | None] | None:
+def find_by_name(p: SlurmHost, spec: ClusterSpec) -> tuple[str, str | None] | None:
     runner, slurm = _login_side(p, spec)
     root, record = _folder(p, spec, runner)
     if root is not None and record is not None and isinstance(record.get("cluster_id"), str):
@@ -77,7 +78,7 @@ def find_by_name(p: SlurmProvider, spec: ClusterSpec) -> tuple[str, str | None] 
     return (next(iter(ids)), None) if ids else None
 
 
-def adopt(p: SlurmProvider, spec: ClusterSpec, cluster: Cluster) -> None:
+def adopt(p: SlurmHost, spec: ClusterSpec, cluster: Cluster) -> None:
     """Record the cluster's folder (and its held allocation), as ``up`` does, without checking or probing."""
     opts = parse_options(spec)
     runner, slurm = _login_side(p, spec)
@@ -89,7 +90,7 @@ def adopt(p: SlurmProvider, spec: ClusterSpec, cluster: Cluster) -> None:
     where = opts.login or "local"
     rid = p.store.record_resource(cluster.id, "slurm-dir", f"{where}:{root}")
     p.store.mark_resource(rid, "created")
-    extra = {**cluster.extra, "slurm": p.login_info(opts, root)}
+    extra = {**cluster.extra, "slurm": login_info(opts, root)}
     held = [sid for sid, (jname, cid) in _live_jobs(slurm, spec.name).items()
             if jname == f"gtrain-hold-{spec.name}" and cid == cluster.id]
     if opts.hold and held:

@@ -37,7 +37,7 @@ from gtrain.providers.slurm.states import SLURM_STATES, STATE_EXIT, STATE_REASON
 
 if TYPE_CHECKING:
     from gtrain.providers.slurm.commands import SqueueRow
-    from gtrain.providers.slurm.provider import SlurmProvider
+    from gtrain.providers.slurm.login import SlurmHost
     from gtrain.state import Cluster
     from gtrain.state import Job as JobRecord
 
@@ -104,9 +104,9 @@ def render_job(request: JobRequest, root: str, python: str, sbatch: list[str],
 
 class SlurmBackend(JobBackend):
     name = "slurm"
-    provider: SlurmProvider
+    provider: SlurmHost
 
-    def __init__(self, provider: SlurmProvider, cluster: Cluster) -> None:
+    def __init__(self, provider: SlurmHost, cluster: Cluster) -> None:
         super().__init__(provider, cluster)
 
     @property
@@ -123,10 +123,11 @@ class SlurmBackend(JobBackend):
     # ---- plan and submit -------------------------------------------------------------------------
 
     def dryrun(self, request: JobRequest) -> JobPlan:
+        from gtrain.providers.slurm.login import sbatch_lines
         from gtrain.providers.slurm.options import parse_options
 
         opts = parse_options(request.spec)
-        sbatch = self.provider.sbatch_lines(request.spec, opts, self.cluster, request.job_id, self.root)
+        sbatch = sbatch_lines(request.spec, opts, self.cluster, request.job_id, self.root)
         files = render_job(request, self.root, opts.python, sbatch, self._runtime(request))
         job = request.spec.job
         assert job is not None

@@ -27,8 +27,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gtrain.containers.options import IMAGE_RE, _is_host, image_registry
 from gtrain.errors import ConfigError
+from gtrain.spec.containers import IMAGE_RE, _is_host, image_registry
 
 if TYPE_CHECKING:
     from gtrain.spec import Job

@@ -8,7 +8,7 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gtrain.providers.slurm.provider import SlurmProvider
+    from gtrain.providers.slurm.login import SlurmHost
     from gtrain.state import Cluster, CostInterval
 
 
@@ -21,7 +21,7 @@ def _epoch(stamp: str | None) -> float | None:
         return None
 
 
-def job_gpu_seconds(provider: SlurmProvider, cluster: Cluster, interval: CostInterval) -> tuple[float, str]:
+def job_gpu_seconds(provider: SlurmHost, cluster: Cluster, interval: CostInterval) -> tuple[float, str]:
     """Seconds of job time on one node inside ``interval``, and where the times came from. Each Slurm job
     counts once: with ``slurm.hold`` that is the held allocation (every launch is a step of it), its whole
     held time, idle or not."""

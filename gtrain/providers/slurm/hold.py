@@ -25,8 +25,8 @@ from gtrain.errors import ProviderError
 
 if TYPE_CHECKING:
     from gtrain.providers.slurm.commands import Slurm
+    from gtrain.providers.slurm.login import SlurmHost
     from gtrain.providers.slurm.options import SlurmOptions
-    from gtrain.providers.slurm.provider import SlurmProvider
     from gtrain.spec import ClusterSpec
     from gtrain.state import Cluster
 
@@ -43,13 +43,14 @@ def salloc_options(lines: list[str]) -> list[str]:
     return out
 
 
-def take_allocation(provider: SlurmProvider, spec: ClusterSpec, opts: SlurmOptions, cluster: Cluster,
+def take_allocation(provider: SlurmHost, spec: ClusterSpec, opts: SlurmOptions, cluster: Cluster,
                     slurm: Slurm, root: str) -> str:
     """``salloc --no-shell`` of the cluster's nodes (it waits while the allocation is pending, saying why);
     the allocation's id, recorded as a resource of the cluster so `down` releases it."""
     from gtrain.providers.slurm.commands import translate
+    from gtrain.providers.slurm.login import sbatch_lines
 
-    lines = provider.sbatch_lines(spec, opts, cluster, f"gtrain-hold-{cluster.name}", root)
+    lines = sbatch_lines(spec, opts, cluster, f"gtrain-hold-{cluster.name}", root)
     rid = provider.store.record_resource(cluster.id, "slurm-alloc", f"{opts.login or 'local'}:salloc")
     said: list[str] = []
 
@@ -105,7 +106,7 @@ def step_word(alloc_word: str | None, reason: str, step: dict[str, Any]) -> tupl
     return "RUNNING", reason
 
 
-def cancel_step(provider: SlurmProvider, cluster: Cluster, slurm: Slurm, alloc: str, job_id: str,
+def cancel_step(provider: SlurmHost, cluster: Cluster, slurm: Slurm, alloc: str, job_id: str,
                 job_root: str) -> None:
     """Mark the job cancelled, scancel its step(s) in the allocation (not the allocation); the wrapper's
     process group too when no step has been made yet."""

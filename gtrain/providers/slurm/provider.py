@@ -17,15 +17,16 @@ from typing import TYPE_CHECKING, Any
 
 from gtrain.errors import ConfigError
 from gtrain.providers.base import IntervalCost, NodeStatus, Plan, Provider
+from gtrain.providers.slurm.login import login_info, runner_for, sbatch_lines
 from gtrain.providers.slurm.options import SlurmOptions, parse_options, shared_where
 
 if TYPE_CHECKING:
     from gtrain.jobs.backend import JobBackend
-    from gtrain.nodes import NodeRecord
     from gtrain.providers.slurm.commands import Slurm, SqueueRow
     from gtrain.remote.base import Runner
     from gtrain.spec import ClusterSpec
     from gtrain.state import Cluster, CostInterval
+    from gtrain.state.nodes import NodeRecord
 
 _GRES_RE = re.compile(r"gpu(?::([A-Za-z0-9_.-]+))?:(\d+)")
 _DOWN_STATES = ("down", "drain", "drained", "draining", "fail", "failing", "maint", "future", "unknown")
@@ -52,23 +53,7 @@ class SlurmProvider(Provider):
     # ---- the login side ----------------------------------------------------------------------------
 
     def _runner_for(self, opts: dict[str, Any], root: str, label: str, *, tofu: bool = False) -> Runner:
-        if not opts.get("login"):
-            from gtrain.remote.local import LocalRunner
-
-            return LocalRunner(root, label=label, address="127.0.0.1", python=opts.get("python") or "python3")
-        from gtrain.remote.ssh import SSHRunner, SSHTarget, pin_host_key
-
-        user, host, port = SlurmOptions(login=opts["login"]).login_parts()
-        if opts.get("login_host_key") and tofu:
-            pin_host_key(host, port, str(opts["login_host_key"]))
-        ident = opts.get("login_identity_file")
-        import os
-
-        target = SSHTarget(host=host, port=port, user=user or "root",
-                           identity_file=os.path.expanduser(ident) if ident else None)
-        return SSHRunner(target, root=root, label=label, address=host, python=opts.get("python") or "python3",
-                         tofu=tofu, on_new_host_key=lambda h, p, kt, fp: self.report.info(
-                             f"trusting login node {h}:{p} on first use: {kt} {fp}"))
+        return runner_for(opts, root, label, self.report, tofu=tofu)
 
     def _login(self, cluster: Cluster) -> dict[str, Any]:
         return dict(cluster.extra.get("slurm") or {})
@@ -117,26 +102,7 @@ class SlurmProvider(Provider):
     def sbatch_lines(self, spec: ClusterSpec, opts: SlurmOptions, cluster: Cluster | None, job_id: str,
                      root: str) -> list[str]:
         """The #SBATCH options of a job of this spec (what `up --dry-run` shows, what sbatch gets)."""
-        lines = [f"--job-name={job_id}", f"--nodes={spec.num_nodes}", "--ntasks-per-node=1",
-                 f"--output={root}/jobs/{job_id}/batch.log", "--open-mode=append"]
-        for flag, value in (("partition", opts.partition), ("account", opts.account), ("qos", opts.qos),
-                            ("time", opts.time_limit(spec.policies.max_hours)), ("constraint", opts.constraint)):
-            if value:
-                if any(c.isspace() for c in value):
-                    raise ConfigError(f"slurm.{flag}: {value!r} has white space", field=f"slurm.{flag}")
-                lines.append(f"--{flag}={value}")
-        gpus = spec.resources.gpus_per_node if spec.resources.accelerators else 0
-        if gpus:
-            gpu = (spec.resources.gpu_name or "").lower()
-            lines.append(f"--gres=gpu:{gpu}:{gpus}" if opts.gres_style == "gres" and gpu else f"--gpus-per-node={gpus}")
-        if opts.exclusive:
-            lines.append("--exclusive")
-        lines.append("--requeue" if opts.requeue else "--no-requeue")
-        lines.append(f"--signal={opts.signal}")
-        if cluster is not None:
-            lines.append(f"--comment=gtrain:{cluster.id}")
-        lines += [ln.strip().removeprefix("#SBATCH").strip() for ln in opts.extra_sbatch]
-        return lines
+        return sbatch_lines(spec, opts, cluster, job_id, root)
 
     def plan(self, spec: ClusterSpec) -> Plan:
         opts = parse_options(spec)
@@ -194,9 +160,7 @@ class SlurmProvider(Provider):
     @staticmethod
     def login_info(opts: SlurmOptions, root: str) -> dict[str, Any]:
         """What the cluster's record keeps of its slurm section (how the login side is reached; no secret)."""
-        return {"root": root, "login": opts.login, "conf": opts.conf, "python": opts.python,
-                "login_identity_file": opts.login_identity_file, "partition": opts.partition,
-                "keep_files": bool(opts.keep_files)}
+        return login_info(opts, root)
 
     def find_by_name(self, spec: ClusterSpec, regions: list[str]) -> tuple[str, str | None] | None:
         from gtrain.providers.slurm.adopt import find_by_name

@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, BinaryIO
 from gtrain.remote.base import CommandResult, Runner
 
 if TYPE_CHECKING:
-    from gtrain.providers.slurm.provider import SlurmProvider
+    from gtrain.providers.slurm.login import SlurmHost
     from gtrain.state import Cluster
 
 
 class ExecTarget:
     """Where the cluster's commands run, asked of Slurm once (one squeue call) and said once."""
 
-    def __init__(self, provider: SlurmProvider, cluster: Cluster) -> None:
+    def __init__(self, provider: SlurmHost, cluster: Cluster) -> None:
         self.provider = provider
         self.cluster = cluster
         self._lock = threading.Lock()

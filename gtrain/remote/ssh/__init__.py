@@ -46,7 +46,7 @@ from gtrain.remote.ssh.hostkeys import _policy as _policy
 from gtrain.remote.ssh.hostkeys import _Refused as _Refused
 from gtrain.remote.ssh.node import runner_from_node
 from gtrain.remote.ssh.runner import SSHRunner
-from gtrain.remote.ssh.target import SSHTarget, expand_proxy_command, parse_jump, ssh_config_block
+from gtrain.state.sshtarget import SSHTarget, expand_proxy_command, parse_jump, ssh_config_block
 
 # also here, private: _POOL, _policy, _Refused (tests reach for the pool's transports and the key policy)
 __all__ = [

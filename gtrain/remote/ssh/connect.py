@@ -25,7 +25,7 @@ from gtrain.remote.ssh.hostkeys import (
     unpin_host,
 )
 from gtrain.remote.ssh.logs import route_paramiko_logs
-from gtrain.remote.ssh.target import SSHTarget, _hostport, expand_proxy_command
+from gtrain.state.sshtarget import SSHTarget, _hostport, expand_proxy_command
 
 if TYPE_CHECKING:
     import paramiko

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gtrain.errors import ConfigError
-from gtrain.remote.ssh.target import _hostport
 from gtrain.state import gtrain_home
+from gtrain.state.sshtarget import _hostport
 
 if TYPE_CHECKING:
     import paramiko

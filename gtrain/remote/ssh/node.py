@@ -9,7 +9,7 @@ from gtrain.errors import RemoteError
 from gtrain.remote.ssh.runner import SSHRunner
 
 if TYPE_CHECKING:
-    from gtrain.nodes import NodeRecord
+    from gtrain.state.nodes import NodeRecord
 
 #: a node that was up: give up on it after this many seconds of failed connects (``up`` waits longer for boots)
 UP_NODE_RETRY_S = 10.0

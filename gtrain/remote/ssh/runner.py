@@ -30,7 +30,7 @@ from gtrain.remote.ssh.connect import (
     ConnectOptions,
 )
 from gtrain.remote.ssh.hostkeys import HostKeyCallback, known_hosts_path, ssh_dir
-from gtrain.remote.ssh.target import SSHTarget, _cfg_value, ssh_config_block
+from gtrain.state.sshtarget import SSHTarget, _cfg_value, ssh_config_block
 
 if TYPE_CHECKING:
     import paramiko

@@ -1,6 +1,6 @@
 """The field tables of docs/spec.md, written from the pydantic models in :mod:`gtrain.spec`.
 
-``python -m gtrain.specdoc`` rewrites the tables between the ``<!-- BEGIN fields X -->`` / ``<!-- END fields X
+``python -m gtrain.spec.doc`` rewrites the tables between the ``<!-- BEGIN fields X -->`` / ``<!-- END fields X
 -->`` markers and leaves the prose around them alone; ``--check`` exits 1 when the file is out of date
 (tests/unit/test_spec_docs.py runs it).
 """
@@ -18,11 +18,11 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from gtrain.notify.options import EmailTarget, EnergySpec, NotifySpec, Tracking, WebhookTarget
 from gtrain.spec import ClusterSpec, DataEntry, Job, Policies, Resources
-from gtrain.specanyof import Candidate
+from gtrain.spec.anyof import Candidate
+from gtrain.spec.notify import EmailTarget, EnergySpec, NotifySpec, Tracking, WebhookTarget
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "spec.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "spec.md"
 TABLES: dict[str, type[BaseModel]] = {
     "top": ClusterSpec, "resources": Resources, "resources.any_of": Candidate, "job": Job, "job.data": DataEntry,
     "policies": Policies, "notify": NotifySpec, "notify.webhook": WebhookTarget, "notify.email": EmailTarget,
@@ -93,7 +93,7 @@ def table(model: type[BaseModel]) -> str:
         what = "; ".join(x for x in (constraints(f), f.description or "") if x).replace("|", "\\|")
         rows.append(f"| `{name}` | {type_name(f.annotation)} | {default_text(f)} | {what} |")
     if model is ClusterSpec:
-        from gtrain.providers import PLANNED, REGISTRY
+        from gtrain.registry import PLANNED, REGISTRY
 
         names = ", ".join(f"`{n}`" for n in sorted({*REGISTRY, *PLANNED}))
         rows.append(f"| {names}, or a plug-in's name | mapping or absent | absent | the section of the chosen "
@@ -117,7 +117,7 @@ def main(argv: list[str]) -> int:
     new = render(text)
     if "--check" in argv:
         if new != text:
-            raise SystemExit(f"{DOC} is out of date with gtrain/spec.py: run python -m gtrain.specdoc")
+            raise SystemExit(f"{DOC} is out of date with gtrain/spec/__init__.py: run python -m gtrain.spec.doc")
         return 0
     DOC.write_text(new, encoding="utf-8")
     return 0

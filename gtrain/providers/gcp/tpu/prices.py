@@ -1,6 +1,6 @@
 """The Cloud TPU types re-priced by ``gtrain catalog --refresh`` (gcp), from the Cloud Billing Catalog API, the
 way the GCE GPU prices are (``gtrain.catalog.refresh``; its hook here is ``CATALOG_RIDERS`` in
-``gtrain.providers.registry``).
+``gtrain.registry``).
 
 Where the prices are (https://cloud.google.com/billing/docs/reference/rest/v1/services.skus/list,
 https://cloud.google.com/tpu/pricing): the TPU SKUs of two services -- ``E000-3F24-B8AA`` (Cloud TPU: v2, v3,
@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from gtrain.providers.tpu import types
+from gtrain.providers.gcp.tpu import types
 
 SERVICES = ("E000-3F24-B8AA", "6F81-5844-456A")  # Cloud TPU; Compute Engine
 _GEN = re.compile(r"\b(?:tpu[-\s]?(v\d+)\s*(p|e|lite\s*pod|litepod|lite)?|(trillium))\b")

@@ -52,7 +52,7 @@ def provider_names() -> list[str]:
 
 #: family -> (the name's prefix, "module:function" returning every shape of the family, by name)
 ACCELERATORS: dict[str, tuple[str, str]] = {
-    "tpu": ("tpu-", "gtrain.providers.tpu.types:shapes"),
+    "tpu": ("tpu-", "gtrain.providers.gcp.tpu.types:shapes"),
 }
 
 
@@ -126,7 +126,7 @@ CATALOG_REFRESH: dict[str, str] = {
 #: ("module:function", called as ``fn(skus_of, day) -> (RefreshResult, csv text)``, ``skus_of(service_id)``
 #: listing that Cloud Billing service's SKUs); the Cloud TPU types ride on gcp's refresh
 CATALOG_RIDERS: dict[str, tuple[str, ...]] = {
-    "gcp": ("gtrain.providers.tpu.prices:refresh_catalog",),
+    "gcp": ("gtrain.providers.gcp.tpu.prices:refresh_catalog",),
 }
 
 

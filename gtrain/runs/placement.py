@@ -1,6 +1,6 @@
 """Where a spec with ``resources.any_of`` lands (docs/any_of.md).
 
-Every candidate is resolved into a plain spec (:func:`gtrain.specanyof.candidate_specs`), planned and priced by
+Every candidate is resolved into a plain spec (:func:`gtrain.spec.anyof.candidate_specs`), planned and priced by
 its own provider (offline: ``Provider.plan`` touches nothing), and ordered: by the cluster's $/h (``order:
 price``, the default; ties keep the listed order) or as listed. ``up`` tries them in that order on one cluster
 record: a candidate whose quota cannot hold the request (``Provider.quota_check``) is skipped before anything is
@@ -66,7 +66,7 @@ def offers(spec: ClusterSpec, ctx: Context) -> list[Offer]:
 def candidate_specs(spec: ClusterSpec) -> list[ClusterSpec]:
     """One plain spec per candidate, in the order listed (no ``any_of`` left in them)."""
     from gtrain.spec import parse_spec
-    from gtrain.specanyof import candidate_providers
+    from gtrain.spec.anyof import candidate_providers
 
     out = []
     base = spec.to_yaml_dict()
@@ -149,7 +149,7 @@ def choose(spec: ClusterSpec, plannable: list[Offer]) -> Offer:
 
 
 class Landed(Protocol):
-    """What an attempt returns (gtrain.cluster.UpResult)."""
+    """What an attempt returns (gtrain.runs.cluster.UpResult)."""
 
     cluster: Cluster | None
     placement: dict[str, Any] | None
@@ -161,7 +161,7 @@ R = TypeVar("R", bound=Landed)
 def try_in_order(spec: ClusterSpec, ctx: Context, all_offers: list[Offer], plannable: list[Offer],
                  cluster: Cluster | None, provision: Callable[[Offer, Cluster | None, dict[str, Any]], R]) -> R:
     """Under the cluster's lock: each plannable candidate in turn until one lands (see the module's doc);
-    ``provision(offer, cluster record or None, extra)`` makes the offer's nodes (gtrain.cluster.provision)."""
+    ``provision(offer, cluster record or None, extra)`` makes the offer's nodes (gtrain.runs.cluster.provision)."""
     if cluster is not None:  # an interrupted up (kept with --keep-failed): resume where it was
         was = cluster.spec
         plannable.sort(key=lambda o: o.spec.to_yaml_dict() != was)

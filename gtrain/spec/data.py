@@ -1,4 +1,4 @@
-"""Parts of the spec kept beside gtrain/spec.py: ``job.data`` entries, and the rules hostile input needs
+"""Parts of the spec kept beside gtrain/spec/__init__.py: ``job.data`` entries, and the rules hostile input needs
 (no NUL, no credentials in a URL, duplicates counted in linear time, a spec file that is a regular file,
 field names that are text). Every refusal names its field; :mod:`gtrain.spec` re-exports what it uses."""
 

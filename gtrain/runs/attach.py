@@ -42,8 +42,8 @@ def write_record(ctx: Context, cluster: Cluster) -> None:
 
 def attach(ctx: Context, name: str, provider_name: str, regions: list[str], spec: ClusterSpec | None,
            num_nodes: int | None = None) -> Cluster:
-    from gtrain.cluster import _open_intervals
     from gtrain.costs.report import RECONSTRUCTED
+    from gtrain.runs.cluster import _open_intervals
     from gtrain.spec import parse_spec
 
     have = ctx.store.find_cluster(name)

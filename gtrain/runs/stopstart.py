@@ -10,15 +10,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gtrain.errors import ClusterNotFound, ConfigError
-from gtrain.providers.base import cannot_stop
+from gtrain.providers.base import STOPPED_MARKET, cannot_stop
 
 if TYPE_CHECKING:
     from gtrain.context import Context
     from gtrain.providers.base import StoppedNode
     from gtrain.state import Cluster
 
-#: a cost interval of a stopped node: only its disk bills
-STOPPED_MARKET = "stopped"
 
 
 @dataclass

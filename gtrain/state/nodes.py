@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # kept off the import path of `gtrain status`
-    from gtrain.remote.ssh.target import SSHTarget
+    from gtrain.state.sshtarget import SSHTarget
 
 #: keys of the stored meta mapping that are NodeRecord fields (the rest is the provider's ``extra``)
 _TYPED = ("ssh", "root", "python", "launched_at")
@@ -58,7 +58,7 @@ class NodeRecord:
                     zone: str | None, meta: dict[str, Any]) -> NodeRecord:
         ssh: SSHTarget | None = None
         if meta.get("ssh"):
-            from gtrain.remote.ssh.target import SSHTarget
+            from gtrain.state.sshtarget import SSHTarget
 
             ssh = SSHTarget(**meta["ssh"])
             team_key = os.environ.get("GTRAIN_SSH_KEY")

@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any
 
 from gtrain import redact
 from gtrain.errors import ClusterNotFound, ConfigError, StateError
-from gtrain.identity import identity
+from gtrain.state.identity import identity
 
 if TYPE_CHECKING:
-    from gtrain.nodes import NodeRecord
+    from gtrain.state.nodes import NodeRecord
 
 SCHEMA_VERSION = 1
 
@@ -371,7 +371,7 @@ class StateStore:
 
     def node_records(self, cluster_id: str) -> list[NodeRecord]:
         """The cluster's nodes as typed records, in rank order."""
-        from gtrain.nodes import NodeRecord
+        from gtrain.state.nodes import NodeRecord
 
         return [NodeRecord.from_stored(n.rank, n.status, n.address, n.instance_id, n.zone, n.meta)
                 for n in self.nodes(cluster_id)]

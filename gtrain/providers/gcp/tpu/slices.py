@@ -13,7 +13,6 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from gtrain.errors import CapacityError, ConfigError, GtrainError, ProviderError, QuotaError
-from gtrain.nodes import NodeRecord
 from gtrain.providers.base import GCResult, IntervalCost, NodeStatus, Orphan, Plan
 from gtrain.providers.cloud.billing import cloud_interval_cost
 from gtrain.providers.cloud.failover import Attempts
@@ -22,8 +21,9 @@ from gtrain.providers.cloud.lifetime import lifetime_note, lifetime_s, node_life
 from gtrain.providers.cloud.ssh_access import wait_ssh, write_ssh_config
 from gtrain.providers.gcp import api as gapi
 from gtrain.providers.gcp.options import GCPOptions, gcp_options
-from gtrain.providers.tpu.api import TPUApi
-from gtrain.providers.tpu.types import RUNTIMES, TPUType, lookup, snapshot, topology_chips
+from gtrain.providers.gcp.tpu.api import TPUApi
+from gtrain.providers.gcp.tpu.types import RUNTIMES, TPUType, lookup, snapshot, topology_chips
+from gtrain.state.nodes import NodeRecord
 
 if TYPE_CHECKING:
     from gtrain.events import Reporter
@@ -179,7 +179,7 @@ class TPUSlices:
     def arm_limits(self, spec: ClusterSpec, cluster: Cluster, opts: GCPOptions, project: str, zone: str,
                    life: int | None) -> None:
         """policies' limits, held by the slice's worker 0 (:mod:`.limits`)."""
-        from gtrain.providers.tpu.limits import arm
+        from gtrain.providers.gcp.tpu.limits import arm
         from gtrain.remote.ssh import runner_from_node
 
         node = next(n for n in self.store.node_records(cluster.id) if n.rank == 0)
@@ -229,7 +229,7 @@ class TPUSlices:
                 return
             if st in QR_FAILED:
                 err = ((qr.get("state") or {}).get("failedData") or {}).get("error") or {}
-                from gtrain.providers.tpu.api import RPC_CODES, translate_status
+                from gtrain.providers.gcp.tpu.api import RPC_CODES, translate_status
 
                 raise translate_status(RPC_CODES.get(int(err.get("code") or 0), "FAILED"),
                                        str(err.get("message") or st), None, f"queued resource {qr_name}")

@@ -34,7 +34,7 @@ def _part_cost(ctx: Context, cluster: Cluster) -> float:
 def move(cluster: Cluster, ctx: Context, why: GtrainError) -> Cluster:
     """Delete the cluster's nodes on its candidate and make them on the next one that has capacity; the cluster
     record (and so every job id) stays. Raises a ``CapacityError`` listing every candidate when none has."""
-    from gtrain import placement
+    from gtrain.runs import placement
     from gtrain.spec import parse_spec
 
     info = dict(cluster.extra["any_of"])

@@ -1,7 +1,7 @@
 """``resources.any_of`` / ``resources.order``: one spec, several candidate placements (docs/any_of.md).
 
 A candidate names a provider and may override where and what: ``region`` / ``regions`` / ``zones`` /
-``use_spot`` / ``accelerators`` / ``instance_type``. ``gtrain.placement.candidate_specs`` turns a spec with
+``use_spot`` / ``accelerators`` / ``instance_type``. ``gtrain.runs.placement.candidate_specs`` turns a spec with
 ``any_of`` into one plain :class:`~gtrain.spec.ClusterSpec` per candidate (one provider, the candidate's
 overrides applied, only that provider's section kept), so every provider reads its candidate through the usual
 seam and nothing here names one. Pydantic only: ``gtrain.spec`` imports this module.
@@ -24,13 +24,13 @@ Order = Literal["price", "listed"]
 
 def provider_known(name: str) -> bool:
     """A name a spec may give as ``provider:`` (and as a section): registered, or planned (refused at `up`)."""
-    from gtrain.providers.registry import PLANNED, REGISTRY, provider_names
+    from gtrain.registry import PLANNED, REGISTRY, provider_names
 
     return name in REGISTRY or name in PLANNED or name in provider_names()
 
 
 def _provider_choices() -> list[str]:
-    from gtrain.providers.registry import PLANNED, provider_names
+    from gtrain.registry import PLANNED, provider_names
 
     return sorted({*provider_names(), *PLANNED})
 
@@ -39,7 +39,7 @@ def check_accelerators(v: str | None) -> str | None:
     """``GPU:COUNT`` (COUNT 1..16, default 1), a lower-case name upper-cased."""
     if v is None:
         return v
-    from gtrain.providers.registry import accelerator_family, accelerator_shape
+    from gtrain.registry import accelerator_family, accelerator_shape
 
     if accelerator_family(v):  # a Cloud TPU slice, `tpu-v5p-32`: its provider's type (docs/providers/tpu.md)
         return accelerator_shape(v).name
@@ -133,7 +133,7 @@ def settle_nodes(spec: Any, field: str, accelerators: str | None, given: bool, c
     """A slice's worker hosts are its nodes (an accelerator family's shape, read through the registry): taken
     from the type when ``num_nodes`` is not given (a candidate's plain spec takes them in
     ``placement.candidate_specs``), refused (a ValueError naming the fields) when the given one differs."""
-    from gtrain.providers.registry import accelerator_family, accelerator_shape
+    from gtrain.registry import accelerator_family, accelerator_shape
 
     if not accelerator_family(accelerators):
         return

@@ -29,13 +29,13 @@ def _local_newest(files: list[dict[str, Any]]) -> tuple[str, float] | None:
 
 def check_down(cluster: Cluster, ctx: Context, *, yes: bool) -> list[str]:
     """Report the store's checkpoints; JobConflict when the newest on the nodes is not there (unless ``yes``)."""
-    from gtrain.checkpoints.ship import store_checkpoints
+    from gtrain.checkpoints.pull import store_checkpoints
     from gtrain.remote.fanout import parallel
 
     job = ctx.store.latest_job(cluster.id)
     if job is None or not job.info.get("checkpoint_store"):
         return []
-    from gtrain.checkpoints.ship import store_key
+    from gtrain.checkpoints.pull import store_key
 
     where = f"{job.info['checkpoint_store']}/{store_key(job)}"
     try:

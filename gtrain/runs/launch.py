@@ -9,10 +9,10 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gtrain.checkpoints.ship import prepare as prepare_checkpoints
 from gtrain.errors import ConfigError, GtrainError, JobConflict
 from gtrain.jobs.backend import JobRequest, JobState
 from gtrain.jobs.status import active_job, cancel_job
+from gtrain.runs.ship import prepare as prepare_checkpoints
 from gtrain.state import Cluster
 
 if TYPE_CHECKING:
@@ -116,7 +116,7 @@ def launch(cluster: Cluster, spec: ClusterSpec, ctx: Context, *, force: bool = F
                                        f"`gtrain cancel {cluster.name}`, or launch with --force to cancel it")
             ctx.report.info(f"cancelling {active.id} (--force)")
             cancel_job(cluster, active, ctx)
-        from gtrain.health.checks import preflight
+        from gtrain.runs.preflight import preflight
 
         if preflight(cluster, spec, ctx, replace_bad=replace_bad) is not None:  # a failed node: exit 1 here
             backend = ctx.backend(cluster)  # --replace-bad may have made new nodes: their runners, not the old
@@ -141,7 +141,7 @@ def launch(cluster: Cluster, spec: ClusterSpec, ctx: Context, *, force: bool = F
             raise
     ctx.store.update_job(plan.job_id, status=JobState.RUNNING.value)
     ctx.event(cluster, "launch", job=plan.job_id, msg=str(plan.info.get("run", "")))
-    from gtrain.attach import write_record
+    from gtrain.runs.attach import write_record
 
     write_record(ctx, cluster)  # node 0 keeps the cluster's spec and jobs, for a `gtrain attach` elsewhere
     master = str(plan.info.get("master", ""))

@@ -31,13 +31,9 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError, to_jsonable_python
 
-from gtrain.checkpoints.policy import CheckpointTuning, Recovery, check_run_id, check_store
-from gtrain.containers.options import ContainerOptions, ImageCredentials, check_image
 from gtrain.errors import ConfigError, dotted_path
-from gtrain.health.model import PREFLIGHT_PATTERN, MinGpuUtil
-from gtrain.jobs.launchers import options as launchers
-from gtrain.notify.options import EnergySpec, NotifySpec, Tracking
-from gtrain.specanyof import (
+from gtrain.spec import launchers
+from gtrain.spec.anyof import (
     Candidate,
     Order,
     _provider_choices,
@@ -48,7 +44,11 @@ from gtrain.specanyof import (
     provider_known,
     settle,
 )
-from gtrain.specdata import MAX_PROBLEMS, DataEntry, check_keys, check_spec_file, duplicates, no_credentials, no_nul
+from gtrain.spec.checkpoints import CheckpointTuning, Recovery, check_run_id, check_store
+from gtrain.spec.containers import ContainerOptions, ImageCredentials, check_image
+from gtrain.spec.data import MAX_PROBLEMS, DataEntry, check_keys, check_spec_file, duplicates, no_credentials, no_nul
+from gtrain.spec.health import PREFLIGHT_PATTERN, MinGpuUtil
+from gtrain.spec.notify import EnergySpec, NotifySpec, Tracking
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$|^[a-z]$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -475,7 +475,7 @@ def load_spec(path: str | os.PathLike[str], *, name: str | None = None,
               edit: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> ClusterSpec:
     """Read and validate a YAML spec file. ``name`` overrides ``name:`` (``--name``); ``edit`` changes the
     mapping read before it is validated (the command line's overrides)."""
-    from gtrain import specyaml
+    from gtrain.spec import loader as specyaml
 
     p = Path(path)
     if p.is_dir():

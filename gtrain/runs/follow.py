@@ -33,7 +33,7 @@ def follow(cluster: Cluster, job: JobRecord, ctx: Context, on_line: Callable[[Lo
            check_every_s: float = 5.0) -> JobRecord:
     """Stream every node's and rank's lines to ``on_line``. With ``follow``, return when the job has ended
     (everywhere), with its record refreshed -- or, with ``check`` (every ``check_every_s``: the provider's
-    word on lost nodes, see gtrain.checkpoints.recovery), as soon as it returns a reason."""
+    word on lost nodes, see gtrain.runs.recovery), as soon as it returns a reason."""
     backend = ctx.backend(cluster)
     picked = [i for i in range(cluster.num_nodes) if nodes is None or i in nodes]
     q: queue.Queue[tuple[str, int, LogLine | NodeEnded | None]] = queue.Queue()
@@ -100,7 +100,7 @@ def _idle_gpus(cluster: Cluster, job: JobRecord, ctx: Context) -> None:
     """``policies.min_gpu_util``: warn (or, with ``action: stop``, stop the job) when every GPU has idled that
     long while the money runs. Whoever follows the job applies it; a failure to read telemetry is not one."""
     from gtrain.errors import GtrainError
-    from gtrain.health.telemetry import enforce_min_gpu_util
+    from gtrain.runs.preflight import enforce_min_gpu_util
 
     try:
         if msg := enforce_min_gpu_util(cluster, ctx.store.get_job(job.id), ctx):
@@ -114,7 +114,7 @@ def budget_check(cluster: Cluster, job: JobRecord, ctx: Context) -> float | None
     (100%) or more the message is sent (once: gtrain.notify dedups it, with the node's own watcher too)."""
     from gtrain.costs.report import cluster_cost
     from gtrain.errors import GtrainError
-    from gtrain.notify.dispatch import notify_job
+    from gtrain.runs.notify import notify_job
 
     try:
         cap = ctx.spec_of(cluster).policies.max_cost_usd

@@ -62,13 +62,13 @@ class Preview:
 
 
 def preview(spec: ClusterSpec, ctx: Context) -> Preview:
-    from gtrain.jobs.launch import DRY_RUN_ID, check_job
     from gtrain.jobs.nodescript import NodeScriptBackend
+    from gtrain.runs.launch import DRY_RUN_ID, check_job
     from gtrain.state import Cluster
 
     _job, workdir = check_job(spec)
-    if spec.resources.any_of:  # the candidate `up` would try first (gtrain.placement)
-        from gtrain import placement
+    if spec.resources.any_of:  # the candidate `up` would try first (gtrain.runs.placement)
+        from gtrain.runs import placement
 
         spec = placement.choose(spec, placement.prepare(spec, ctx)[1]).spec
     provider = ctx.provider(spec.provider)

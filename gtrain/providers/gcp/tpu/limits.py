@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gtrain.providers.cloud.idle import start_idle_watch
-from gtrain.providers.tpu.api import DEFAULT_ENDPOINT, ENDPOINT_ENV
+from gtrain.providers.gcp.tpu.api import DEFAULT_ENDPOINT, ENDPOINT_ENV
 
 if TYPE_CHECKING:
     from gtrain.events import Reporter

@@ -16,12 +16,20 @@ import functools
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gtrain.errors import CapacityError, GtrainError, QuotaError
 from gtrain.jobs.backend import JobState, LogLine
 from gtrain.locks import ClusterBusy, cluster_lock
+from gtrain.runs.decide import (  # re-exported: the recovery's names, as before
+    LOST,
+    NodeLost,
+    Observed,
+    Verdict,
+    decide,
+    progress_matters,
+    streak,
+)
 
 if TYPE_CHECKING:
     from gtrain.context import Context
@@ -29,10 +37,6 @@ if TYPE_CHECKING:
     from gtrain.state import Job as JobRecord
 
 RECOVERING = "recovering"
-#: what the provider says of a node that is gone
-LOST = ("preempted", "terminated", "missing", "stopped", "unreachable")
-#: this many failures in a row without progress (no new checkpoint in the store) is a crash loop
-CRASH_LOOP = 3
 MAX_BACKOFF_S = 600.0
 
 
@@ -58,16 +62,6 @@ def watched(ctx: Context, cluster: str) -> bool:
         return True
 
 
-@dataclass
-class Verdict:
-    recover: bool
-    kind: str = ""
-    lost: list[int] = field(default_factory=list)
-    reprovision: list[int] = field(default_factory=list)
-    why: str = ""
-    detail: str = ""
-
-
 def provider_lost(cluster: Cluster, ctx: Context) -> dict[int, Any]:
     try:
         return {s.rank: s for s in ctx.provider(cluster.provider).describe(cluster) if s.status in LOST}
@@ -83,7 +77,7 @@ def lost_reason(cluster: Cluster, ctx: Context) -> str | None:
 
 
 def _newest(job: JobRecord) -> str | None:
-    from gtrain.checkpoints.ship import store_checkpoints
+    from gtrain.checkpoints.pull import store_checkpoints
 
     try:
         done = [c for c in store_checkpoints(job) or [] if c["complete"]]
@@ -92,46 +86,27 @@ def _newest(job: JobRecord) -> str | None:
     return done[-1]["name"] if done else None
 
 
-#: exit codes of a rank killed by SIGKILL (bash's 128+9; -9 where the agent reports the signal): recovered as
-#: a node_failure (the crash-loop guard stops a script that OOMs every time)
-SIGKILLED = (137, -9)
-
-def classify(cluster: Cluster, job: JobRecord, ctx: Context) -> Verdict:
-    """Whether (and why not) to recover ``job``, which ended badly or lost a node."""
+def observe(cluster: Cluster, job: JobRecord, ctx: Context) -> Observed:
+    """What the decision needs, asked of the provider, the job backend and (only where it can matter) the
+    store."""
     pol = policy(job)
-    lost = provider_lost(cluster, ctx)
-    if lost:
-        kind = "preemption" if any(s.status == "preempted" for s in lost.values()) else "node_failure"
-        v = Verdict(True, kind, sorted(lost), sorted(lost),
-                    detail="; ".join(f"node {r}: {s.status} {s.detail}".strip() for r, s in sorted(lost.items())))
-    else:
+    recs = list(job.info.get("recoveries") or [])
+    lost = [NodeLost(r, s.status, s.detail or "") for r, s in sorted(provider_lost(cluster, ctx).items())]
+    gone: list[int] = []
+    if not lost:
         try:
             desc = ctx.backend(cluster).describe(job)
             gone = [n.node for n in desc.nodes if n.raw.get("lost") or n.detail in ("missing", "unreachable")]
         except GtrainError:
             gone = []
-        if gone:
-            v = Verdict(True, "node_failure", gone, [], detail=f"the job's agent died on node(s) {gone}")
-        elif job.exit_code in pol.get("exit_codes", []):
-            v = Verdict(True, "exit_code", [], [], detail=f"the job exited {job.exit_code}")
-        elif job.exit_code in SIGKILLED:  # the kernel's OOM killer or a kill -9: the node's doing, to most users
-            v = Verdict(True, "node_failure", [], [],
-                        detail=f"the job exited {job.exit_code} (a rank was SIGKILLed: the kernel's OOM killer "
-                               "or a kill -9)")
-        else:
-            return Verdict(False, why=f"job {job.id} failed with exit {job.exit_code}: a failure of the job, not of a "
-                                      f"node (policies.recovery.on has no exit_codes: [{job.exit_code}])")
-    recs = list(job.info.get("recoveries") or [])
-    if int(pol.get("max_restarts", 0)) <= 0:
-        v.recover, v.why = False, f"{v.detail}: recovery is off (policies.recovery.max_restarts: 0)"
-    elif v.kind != "exit_code" and v.kind not in pol.get("on", []):
-        v.recover, v.why = False, f"{v.detail}: {v.kind} is not in policies.recovery.on"
-    elif len(recs) >= int(pol["max_restarts"]):
-        v.recover, v.why = False, f"{v.detail}: max_restarts ({pol['max_restarts']}) reached"
-    elif not _progress(job, recs) and _streak(recs) + 1 >= CRASH_LOOP:
-        v.recover, v.why = False, (f"{v.detail}: crash loop: {CRASH_LOOP} failures in a row with no new checkpoint "
-                                   "in the store; not restarting")
-    return v
+    progress = _progress(job, recs) if progress_matters(pol, recs) else None
+    return Observed(job.id, job.exit_code, pol, recs, lost, gone, progress)
+
+
+def classify(cluster: Cluster, job: JobRecord, ctx: Context) -> Verdict:
+    """Whether (and why not) to recover ``job``, which ended badly or lost a node: :func:`observe`, then the
+    pure :func:`gtrain.runs.decide.decide`."""
+    return decide(observe(cluster, job, ctx))
 
 
 def _progress(job: JobRecord, recs: list[dict[str, Any]]) -> bool:
@@ -142,15 +117,6 @@ def _progress(job: JobRecord, recs: list[dict[str, Any]]) -> bool:
         return newest is not None and newest != (recs[-1].get("store_newest") if recs else None)
     started = float(recs[-1]["ended_at"]) if recs else job.created_at
     return time.time() - started >= 60
-
-
-def _streak(recs: list[dict[str, Any]]) -> int:
-    n = 0
-    for r in reversed(recs):
-        if r.get("progress"):
-            break
-        n += 1
-    return n
 
 
 # ---- the recovery, step by step ------------------------------------------------------------------
@@ -170,8 +136,8 @@ def _save(ctx: Context, job: JobRecord, rec: dict[str, Any] | None, *, status: s
 def begin(cluster: Cluster, job: JobRecord, ctx: Context, v: Verdict) -> JobRecord:
     recs = list(job.info.get("recoveries") or [])
     progress = _progress(job, recs)
-    streak = 0 if progress else _streak(recs) + 1
-    backoff = min(float(policy(job).get("backoff_s", 30)) * (2 ** max(0, streak - 1)), MAX_BACKOFF_S)
+    in_a_row = 0 if progress else streak(recs) + 1
+    backoff = min(float(policy(job).get("backoff_s", 30)) * (2 ** max(0, in_a_row - 1)), MAX_BACKOFF_S)
     rec = {"attempt": int(job.info.get("attempt", 1)) + 1, "kind": v.kind, "lost": v.lost,
            "reprovision": v.reprovision, "detail": v.detail, "detected_at": time.time(),
            "failed_exit_code": job.exit_code, "progress": progress, "backoff_s": backoff,
@@ -183,7 +149,7 @@ def begin(cluster: Cluster, job: JobRecord, ctx: Context, v: Verdict) -> JobReco
 
 def resume(cluster: Cluster, job: JobRecord, ctx: Context) -> JobRecord:
     """Take the recorded recovery of ``job`` from its recorded phase to the relaunch."""
-    from gtrain.checkpoints.ship import collect, relaunch
+    from gtrain.runs.ship import collect, relaunch
 
     with cluster_lock(ctx.store.home, cluster.name, "recover"):
         cluster = ctx.store.get_cluster_by_id(cluster.id)  # where it is now (a move changes its provider)
@@ -237,8 +203,8 @@ def resume(cluster: Cluster, job: JobRecord, ctx: Context) -> JobRecord:
 
 def _reprovision(cluster: Cluster, job: JobRecord, ctx: Context, rec: dict[str, Any]) -> Cluster:
     """Make the lost nodes again; when the cluster's cloud has no capacity for them and the spec has other
-    ``resources.any_of`` candidates, move the whole cluster (gtrain.move). Returns the cluster as it is now."""
-    from gtrain import move
+    ``resources.any_of`` candidates, move the whole cluster (gtrain.runs.move). Returns the cluster as it is now."""
+    from gtrain.runs import move
 
     provider = ctx.provider(cluster.provider)
     spec = ctx.spec_of(cluster)
@@ -276,8 +242,8 @@ def _reprovision(cluster: Cluster, job: JobRecord, ctx: Context, rec: dict[str, 
 def wait(cluster: Cluster, job: JobRecord, ctx: Context, on_line: Callable[[LogLine], None], *,
          tail: int | None = None, nodes: list[int] | None = None, rank: int | None = None) -> JobRecord:
     """Follow ``job`` to its end, recovering it on the way as its policy says (when no other process is)."""
-    from gtrain.jobs.follow import follow
-    from gtrain.notify.dispatch import notify_job
+    from gtrain.runs.follow import follow
+    from gtrain.runs.notify import notify_job
 
     if int(policy(job).get("max_restarts", 0)) <= 0 and job.status != RECOVERING:
         return follow(cluster, job, ctx, on_line, tail=tail, nodes=nodes, rank=rank)

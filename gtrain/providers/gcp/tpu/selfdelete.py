@@ -1,5 +1,5 @@
 """Run on worker 0 of a Cloud TPU slice when ``policies.max_hours`` / ``max_cost_usd`` / ``idle_minutes`` fire
-(armed by :mod:`gtrain.providers.tpu.limits`): delete the slice through the TPU API v2 with the VM's own
+(armed by :mod:`gtrain.providers.gcp.tpu.limits`): delete the slice through the TPU API v2 with the VM's own
 credentials, so nothing keeps billing with no laptop and no gtrain process left (a TPU node has no
 ``maxRunDuration``, and powering a worker off does not end the slice).
 

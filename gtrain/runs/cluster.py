@@ -23,7 +23,7 @@ class UpResult:
     plan: Plan
     cluster: Cluster | None
     created: bool
-    #: with ``resources.any_of``: every candidate priced, what became of each (gtrain.placement.record)
+    #: with ``resources.any_of``: every candidate priced, what became of each (gtrain.runs.placement.record)
     placement: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -43,7 +43,7 @@ def up(spec: ClusterSpec, ctx: Context, *, dry_run: bool = False, keep_failed: b
     ``keep_failed``; an existing cluster whose shape differs from the spec is refused unless ``recreate``."""
     from gtrain.locks import cluster_lock
 
-    if spec.resources.any_of:  # several candidates: tried in order (gtrain.placement)
+    if spec.resources.any_of:  # several candidates: tried in order (gtrain.runs.placement)
         return _up_any_of(spec, ctx, dry_run=dry_run, keep_failed=keep_failed, recreate=recreate)
     provider = ctx.provider(spec.provider)
     plan = provider.plan(spec)  # raises ConfigError before anything is made
@@ -57,8 +57,8 @@ def up(spec: ClusterSpec, ctx: Context, *, dry_run: bool = False, keep_failed: b
 
 
 def _up_any_of(spec: ClusterSpec, ctx: Context, *, dry_run: bool, keep_failed: bool, recreate: bool) -> UpResult:
-    from gtrain import placement
     from gtrain.locks import cluster_lock
+    from gtrain.runs import placement
 
     all_offers, plannable = placement.prepare(spec, ctx)
     if dry_run:
@@ -222,7 +222,7 @@ def down(name: str, ctx: Context, *, yes: bool = True) -> DownResult:
         provider = ctx.provider(cluster.provider)
         if cluster.status == "terminated":
             return DownResult(name, True, cluster_cost(ctx.store, cluster, provider))
-        from gtrain.checkpoints.safety import check_down
+        from gtrain.runs.safety import check_down
 
         unsafe = check_down(cluster, ctx, yes=yes)  # checkpoints in the store; refused when the newest is not
         with signals.deferred(lambda _s: ctx.report.warn("finishing the teardown first: nothing is left "
@@ -282,13 +282,13 @@ def _ended_on_their_own(cluster: Cluster, provider: Provider, ctx: Context) -> d
 
 
 def _recovery_note(cluster: Cluster, job: Any, ctx: Context) -> str | None:
-    """Who recovers a lost node of the job now (gtrain.checkpoints.recovery), only for a job that asked for
+    """Who recovers a lost node of the job now (gtrain.runs.recovery), only for a job that asked for
     recovery or had one: the recovery module stays off `gtrain status`'s import path otherwise."""
     info = job.info if job is not None else {}
     asked = int((info.get("recovery_policy") or {}).get("max_restarts", 0) or 0) > 0
     if not (asked or info.get("recoveries") or info.get("recovery_stopped")):
         return None
-    from gtrain.checkpoints.recovery import status_note
+    from gtrain.runs.recovery import status_note
 
     return status_note(cluster, job, ctx)
 

@@ -8,7 +8,7 @@ counts chips).
 
 ``gtrain catalog --refresh`` (gcp) writes a re-priced copy to ``$GTRAIN_HOME/catalog/tpu.csv``
 (:mod:`.prices`), which then replaces the shipped file; deleting it falls back to the shipped one. Shared code
-reads these types through :func:`gtrain.providers.registry.accelerator_shape` (:func:`shapes`)."""
+reads these types through :func:`gtrain.registry.accelerator_shape` (:func:`shapes`)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gtrain.providers.registry import AcceleratorShape
+    from gtrain.registry import AcceleratorShape
 
 __all__ = ["RUNTIMES", "TPUType", "is_tpu", "lookup", "shapes", "snapshot", "text", "topology_chips", "tpu_types",
            "user_copy"]
@@ -136,8 +136,8 @@ def check_text(body: str, source: str) -> None:
 
 
 def shapes() -> dict[str, AcceleratorShape]:
-    """Every type as the registry's :class:`~gtrain.providers.registry.AcceleratorShape` (the seam's view)."""
-    from gtrain.providers.registry import AcceleratorShape
+    """Every type as the registry's :class:`~gtrain.registry.AcceleratorShape` (the seam's view)."""
+    from gtrain.registry import AcceleratorShape
 
     day = snapshot()
     return {n: AcceleratorShape(n, "tpu", "gcp", t.generation, t.chips, t.hosts, t.zones, t.price_ondemand_chip_h,
