@@ -1,5 +1,6 @@
 """What of a job's lines reaches the screen (the log keeps every byte): a carriage-return progress bar (tqdm) as
-its latest state, torchrun's ``ChildFailedError`` report as one line, and each rank's last lines kept for the
+its latest state, torchrun's ``ChildFailedError`` report as one line, a launcher's ``--- Logging error ---``
+block (its output closed under it as gtrain stopped it) as one line, and each rank's last lines kept for the
 summary that ends a failed run."""
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ _AGENT = "torch.distributed.elastic."
 _AGENT_FRAME = "/torch/distributed/"  # a traceback through torchrun's own code (its agent, its store)
 _CHAIN = ("The above exception was the direct cause", "During handling of the above exception")
 _HELD_MAX = 400  # a traceback longer than this is shown as it is
+#: ``logging.Handler.handleError``'s block: this line, the traceback, ``Call stack:``, then ``Message: %r`` and
+#: ``Arguments: %s`` (or its two lines on a formatting error)
+_LOG_ERROR = "--- Logging error ---"
+_LOG_ERROR_END = ("Arguments: ", "Use the traceback above to help find the error.")
 
 
 def latest(text: str) -> str:
@@ -41,6 +46,7 @@ class Screen:
         self.in_dump: dict[int, int] = {}  # node -> '=====' rules seen inside the report
         self.last: dict[tuple[int, int | None], deque[str]] = {}
         self.chained: set[int] = set()  # nodes just past a collapsed torchrun traceback (its chain follows)
+        self.log_error: dict[int, list[str]] = {}  # node -> the logging-error block so far
 
     def feed(self, node: int, rank: int | None, text: str) -> list[str]:
         """The texts to show for one line of node ``node`` (``rank`` None: the node's own launcher)."""
@@ -54,6 +60,11 @@ class Screen:
         return shown
 
     def _agent(self, node: int, text: str) -> list[str]:
+        if text == _LOG_ERROR and node not in self.log_error and node not in self.held:
+            self.log_error[node] = []
+            return []
+        if node in self.log_error:
+            return self._logging_error(node, text)
         if node in self.in_dump:  # inside the report: its rules frame the header and the end
             if text.startswith("====="):
                 self.in_dump[node] += 1
@@ -88,12 +99,29 @@ class Screen:
             return self.flush(node)  # a traceback of something else: its last line ends it
         return []
 
+    def _logging_error(self, node: int, text: str) -> list[str]:
+        block = self.log_error[node]
+        block.append(text)
+        if not text.startswith(_LOG_ERROR_END) and len(block) <= _HELD_MAX:
+            return []
+        del self.log_error[node]
+        if len(block) > _HELD_MAX:  # not the block it looked like: shown as it is
+            return [_LOG_ERROR, *block]
+        exc = next((b for b in block if b and not b.startswith((" ", "\t", "Traceback", "Call stack:"))
+                    and ":" in b), "")
+        msg = next((b[len("Message: "):] for b in block if b.startswith("Message: ")), "")
+        what = f"could not log {msg}" if msg else "a logging error"
+        return [f"launcher: {what} ({exc.split(':', 1)[0] or 'error'}: its output was closed under it); "
+                "the traceback is in the log"]
+
     def flush(self, node: int | None = None) -> list[str]:
         """What is held (a traceback not yet ended), for ``node`` or every node."""
-        nodes = [node] if node is not None else sorted(self.held)
+        nodes = [node] if node is not None else sorted({*self.held, *self.log_error})
         out: list[str] = []
         for n in nodes:
             out.extend(self.held.pop(n, []))
+            if n in self.log_error:
+                out.extend([_LOG_ERROR, *self.log_error.pop(n)])
         return out
 
     def last_lines(self, node: int, rank: int | None) -> list[str]:
