@@ -39,6 +39,12 @@ def safe(text: str, *, keep_sgr: bool = False) -> str:
     return _REST.sub(lambda m: _rest(m, keep_sgr), text)
 
 
+def visible(text: str) -> str:
+    """``text`` with every control character but tab and newline shown as ``^X`` (an escape as ``^[``): for
+    text the user must read exactly, a rendered script, where removing a sequence would hide that it is there."""
+    return _CTRL.sub(lambda m: _caret(m.group(0)), text) if text else text
+
+
 def _rest(m: re.Match[str], keep_sgr: bool) -> str:
     if m.group(1) is not None:
         return m.group(1) if keep_sgr else ""

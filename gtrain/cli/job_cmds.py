@@ -116,15 +116,20 @@ def _failed_first(first: dict | None, printer: out.LinePrinter) -> None:  # type
 
 
 def _print_scripts(scripts: dict[int, dict[str, str]]) -> None:
-    for node, files in scripts.items():  # each node's exact command first, then its files
+    """Each node's exact command first, then its files: secrets masked, a control character shown as ``^X``
+    (an escape sequence in a job's ``run`` line reaches the screen as text, never the terminal)."""
+    from gtrain.redact import scrub
+    from gtrain.termsafe import visible
+
+    for node, files in scripts.items():
         if "command" in files:
             out.say(f"# ---- node {node}: command ----")
-            print(files["command"], end="")
+            print(visible(scrub(files["command"])), end="")
     for node, files in scripts.items():
         for name, text in files.items():
             if name != "command":
-                out.say(f"# ---- node {node}: {name} ----")
-                print(text, end="")
+                out.say(f"# ---- node {node}: {visible(name)} ----")
+                print(visible(scrub(text)), end="")
 
 
 def _preview(spec: object, json_: bool) -> None:

@@ -128,3 +128,14 @@ def test_no_module_shadows_an_api_function() -> None:
 
     modules = {m.name for m in pkgutil.iter_modules(gtrain.__path__)}
     assert not modules & set(gtrain.__all__), modules & set(gtrain.__all__)
+
+
+def test_launch_dry_run_shows_a_jobs_escape_sequences_as_text(tmp_path: Path) -> None:
+    """A job's `run` line carrying an OSC title sequence and a screen clear: the dry run prints the script with
+    each control character as ^X, so the terminal never obeys them and the reader sees they are there."""
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    s = spec(tmp_path, 'name: esc\nnum_nodes: 1\njob: {run: "train.py --t \\e]0;pwned\\a --c \\e[2J"}\n')
+    r = gtrain("launch", s, "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert "\x1b" not in r.stdout and "\x07" not in r.stdout
+    assert "^[]0;pwned^G" in r.stdout and "^[[2J" in r.stdout
