@@ -2,14 +2,21 @@
 PY     ?= .venv/bin/python
 PIP    ?= .venv/bin/pip
 STAMP  := .venv/.gtrain-setup
+DEMO   := .venv/.gtrain-demo
 
 .PHONY: setup deps demo test test-unit test-integration bench lint clean
 
-$(STAMP): pyproject.toml
+# the demo's environment: gtrain and what the local provider trains with, nothing of the test toolchain
+$(DEMO): pyproject.toml
 	python3 -m venv .venv
 	$(PIP) install -q --upgrade pip
 	# torch: the CPU wheel of this exact version (a plain `torch` would pull a multi-GB CUDA build)
 	$(PIP) install -q torch==2.13.0 numpy
+	$(PIP) install -q -e '.[train]'
+	touch $(DEMO)
+
+# everything the tests and the linters need, on top of the demo's
+$(STAMP): $(DEMO)
 	$(PIP) install -q -e '.[dev,test]'
 	touch $(STAMP)
 
@@ -20,7 +27,7 @@ setup: $(STAMP)
 deps:
 	@.ci/install-deps
 
-demo: setup
+demo: $(DEMO)
 	$(PY) -m gtrain run examples/quickstart/spec.yaml --to quickstart-checkpoints
 
 test: deps setup
