@@ -26,8 +26,9 @@ def new_job_id(cluster: str) -> str:
     return f"{cluster}-{time.strftime('%Y%m%d-%H%M%S')}-{_secrets.token_hex(2)}"
 
 
-def check_job(spec: ClusterSpec) -> tuple[Job, str]:
-    """Validate what can be checked before anything is touched: workdir, script, secrets."""
+def check_job(spec: ClusterSpec, *, dry_run: bool = False) -> tuple[Job, str]:
+    """Validate what can be checked before anything is touched: workdir, script, secrets. A dry run needs the
+    secrets' names only (nothing is sent): their values are not asked for."""
     if spec.job is None:
         raise ConfigError("the spec has no job section", hint="add `job: {run: train.py}`", field="job")
     job = spec.job
@@ -54,7 +55,7 @@ def check_job(spec: ClusterSpec) -> tuple[Job, str]:
     from gtrain.jobs.nodescript import launcher_of
 
     launcher_of(spec, job)  # the launcher's own checks (its config file): `run` makes them before `up`
-    missing = [n for n in job.secrets if n not in os.environ]
+    missing = [] if dry_run else [n for n in job.secrets if n not in os.environ]
     if missing:
         raise ConfigError(f"job.secrets: {', '.join(missing)} not set in this environment",
                           hint="export them before launching; their values go to the nodes, never to disk",
@@ -65,7 +66,8 @@ def check_job(spec: ClusterSpec) -> tuple[Job, str]:
 
         if job.container is not None:
             check_options(job.container)
-        check_credentials(job)
+        if not dry_run:
+            check_credentials(job)
     from gtrain.redact import register_secrets
     from gtrain.tracking import secret_names
 
@@ -91,7 +93,7 @@ class LaunchResult:
 
 def launch(cluster: Cluster, spec: ClusterSpec, ctx: Context, *, force: bool = False,
            dry_run: bool = False, replace_bad: bool = False, fresh: bool = False) -> LaunchResult:
-    _job, local_workdir = check_job(spec)
+    _job, local_workdir = check_job(spec, dry_run=dry_run)
     if cluster.status == "stopped" and not dry_run:
         raise ConfigError(f"cluster {cluster.name} is stopped: nothing can run on its nodes",
                           hint=f"`gtrain start {cluster.name}` brings them back", field="CLUSTER")

@@ -66,7 +66,7 @@ def preview(spec: ClusterSpec, ctx: Context) -> Preview:
     from gtrain.runs.launch import DRY_RUN_ID, check_job
     from gtrain.state import Cluster
 
-    _job, workdir = check_job(spec)
+    _job, workdir = check_job(spec, dry_run=True)
     if spec.resources.any_of:  # the candidate `up` would try first (gtrain.runs.placement)
         from gtrain.runs import placement
 

@@ -139,3 +139,21 @@ def test_launch_dry_run_shows_a_jobs_escape_sequences_as_text(tmp_path: Path) ->
     assert r.returncode == 0, r.stderr
     assert "\x1b" not in r.stdout and "\x07" not in r.stdout
     assert "^[]0;pwned^G" in r.stdout and "^[[2J" in r.stdout
+
+
+def test_a_dry_run_needs_the_secrets_names_not_their_values(tmp_path: Path) -> None:
+    """The README tour's spec names HF_TOKEN: a dry run prints the plan and scripts with it unset; a real
+    launch still refuses (exit 2, the variable named) before anything is made."""
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    s = spec(tmp_path, "name: sec\nnum_nodes: 1\njob: {run: train.py, secrets: [HF_TOKEN_UNSET_HERE]}\n")
+    r = gtrain("launch", s, "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert "HF_TOKEN_UNSET_HERE" in r.stdout  # the scripts read it from what the nodes are handed
+    assert gtrain("run", s, "--dry-run").returncode == 0
+    assert gtrain("up", s).returncode == 0
+    try:
+        assert gtrain("launch", s, "--dry-run").returncode == 0  # on the live cluster too
+        real = gtrain("launch", s)
+        assert real.returncode == 2 and "job.secrets: HF_TOKEN_UNSET_HERE not set" in real.stderr
+    finally:
+        assert gtrain("down", "sec").returncode == 0
