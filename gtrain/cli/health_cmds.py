@@ -89,9 +89,11 @@ def show_gpus(cluster: str, json_: bool) -> None:
 def top(
     cluster: str = CLUSTER,
     interval: float = typer.Option(2.0, "--interval", min=0.2, help="Seconds between refreshes."),
-    once: bool = typer.Option(False, "--once", help="Print one frame and exit (no live view)."),
+    once: bool = typer.Option(False, "--once", help="Print one frame and exit (no live view); the default when "
+                                                    "stdout is not a terminal."),
 ) -> None:
     """A live view of every node's GPUs: utilisation, memory, temperature, power, steps/s."""
+    import sys
     import time
 
     if not 0.2 <= interval <= 3600:  # click's min= lets NaN through (every comparison with it is false)
@@ -100,7 +102,7 @@ def top(
         raise ConfigError(f"--interval {interval}: must be a number of seconds from 0.2 to 3600", field="--interval",
                           hint="e.g. --interval 2")
 
-    if once:
+    if once or not _is_terminal(sys.stdout):  # a pipe or a file gets one frame, then the command ends
         rows, job, energy = gpu_table(cluster, energy=True)
         if job is None:
             out.say(f"no job on {cluster} yet: nothing sampled")
@@ -131,6 +133,13 @@ def top(
         while True:
             time.sleep(interval)
             live.update(frame(), refresh=True)
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no stream, or a closed one
+        return False
 
 
 def with_kwh(rows: list[list[Any]], energy: dict[str, Any] | None) -> list[list[Any]]:

@@ -118,6 +118,8 @@ class Provider(ABC):
     #: its nodes can be stopped (compute billing ends, disks and the nodes' state kept) and started again:
     #: ``gtrain stop`` / ``gtrain start`` (:meth:`stop_nodes`, :meth:`start_nodes`)
     can_stop: ClassVar[bool] = False
+    #: why it cannot (said by ``gtrain stop`` / ``start``'s refusal), where ``can_stop`` is False
+    cannot_stop_why: ClassVar[str | None] = None
 
     def __init__(self, store: StateStore, report: Reporter = SILENT) -> None:
         self.store = store
@@ -231,13 +233,13 @@ class Provider(ABC):
     def stop_nodes(self, cluster: Cluster, ranks: list[int] | None = None) -> list[StoppedNode]:
         """Stop the nodes (all, or ``ranks``) keeping their disks, and wait until they are stopped; record them
         ``stopped``. Returns what each stopped node still bills (its disk). Only ``can_stop`` providers can."""
-        raise cannot_stop(self.name, "stop")
+        raise cannot_stop(self.name, "stop", self.cannot_stop_why)
 
     def start_nodes(self, cluster: Cluster, ranks: list[int] | None = None) -> list[int]:
         """Start the stopped nodes (all, or ``ranks``) again, wait until they run and answer over SSH, and
         refresh their records (addresses may change). Returns the ranks started; a node already running is left
         alone. Only ``can_stop`` providers can."""
-        raise cannot_stop(self.name, "start")
+        raise cannot_stop(self.name, "start", self.cannot_stop_why)
 
     # ---- shared helpers ------------------------------------------------------------------------
 
@@ -270,9 +272,11 @@ class StoppedNode:
         return {**asdict(self), "usd_per_hour": round(self.usd_per_hour, 6)}
 
 
-def cannot_stop(provider: str, verb: str) -> ConfigError:
-    """The error of ``gtrain stop`` / ``start`` on a provider whose nodes cannot be stopped (exit 2)."""
-    return ConfigError(f"gtrain {verb}: provider {provider} cannot stop and start its nodes", field="provider",
+def cannot_stop(provider: str, verb: str, why: str | None = None) -> ConfigError:
+    """The error of ``gtrain stop`` / ``start`` on a provider whose nodes cannot be stopped (exit 2), with the
+    provider's reason (``Provider.cannot_stop_why``) where it gives one."""
+    reason = f" ({why})" if why else ""
+    return ConfigError(f"gtrain {verb}: provider {provider} cannot stop and start its nodes{reason}", field="provider",
                        hint="only VM clusters (aws, gcp) can be stopped; `gtrain down NAME` deletes a cluster, "
                             "and nodes that gtrain does not rent cost nothing while idle")
 

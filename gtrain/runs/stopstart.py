@@ -53,8 +53,9 @@ def refuse_stopped(cluster: Cluster, what: str) -> None:
 
 def _cluster(name: str, ctx: Context, verb: str) -> Cluster:
     cluster = ctx.cluster(name)
-    if not ctx.provider(cluster.provider).can_stop:
-        raise cannot_stop(cluster.provider, verb)
+    provider = ctx.provider(cluster.provider)
+    if not provider.can_stop:
+        raise cannot_stop(cluster.provider, verb, provider.cannot_stop_why)
     return cluster
 
 

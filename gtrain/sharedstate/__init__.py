@@ -33,12 +33,24 @@ def _config_value(home: Path) -> tuple[str, str] | None:
     path = home / "config.yaml"
     if not path.is_file():
         return None
+    from gtrain.spec.loader import MAX_BYTES
     from gtrain.spec.loader import load as load_yaml_text
 
     try:
-        doc = load_yaml_text(path.read_text(), str(path))
+        with path.open("rb") as f:
+            raw = f.read(MAX_BYTES + 1)
     except OSError as e:
-        raise ConfigError(f"cannot read {path}: {e}", field="state") from None
+        raise ConfigError(f"cannot read {path}: {e.strerror or e}", field="state",
+                          hint=f"make {path} readable, or remove it (it holds `state: s3://BUCKET/PREFIX` only)") \
+            from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path} is not UTF-8 text (byte {e.start + 1} is 0x{raw[e.start]:02x}): it is not a "
+                          "config file", field="state",
+                          hint=f"write `state: s3://BUCKET/PREFIX` (or gs://, az://) in it, or remove {path}") \
+            from None
+    doc = load_yaml_text(text, str(path))
     if not isinstance(doc, dict):
         raise ConfigError(f"{path} must be a mapping (state: s3://BUCKET/PREFIX)", field="state")
     unknown = sorted(set(doc) - {"state"})
@@ -56,6 +68,12 @@ def _config_value(home: Path) -> tuple[str, str] | None:
 
 def state_url(home: Path) -> RemoteURL | None:
     """The shared state's URL, or None: local state only."""
+    got = _state_value(home)
+    return None if got is None else got[0]
+
+
+def _state_value(home: Path) -> tuple[RemoteURL, str, str] | None:
+    """(the shared state's URL, the field that named it, its text as written), or None: local state only."""
     raw = os.environ.get("GTRAIN_STATE")
     fld = "GTRAIN_STATE"
     if raw is None or not raw.strip():
@@ -70,20 +88,23 @@ def state_url(home: Path) -> RemoteURL | None:
     if not isinstance(loc, _URL):
         raise ConfigError(f"{fld} {raw!r} is not an object store URL",
                           hint="write s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or az://CONTAINER/PREFIX", field=fld)
-    return loc
+    return loc, fld, raw.strip()
 
 
 def remote(home: Path) -> CondStore | None:
-    """The conditional-write client of the shared state (one per URL per process), or None."""
-    url = state_url(home)
-    if url is None:
+    """The conditional-write client of the shared state (one per URL per process), or None. Its errors are
+    gtrain's, naming the field and its value (``gtrain.sharedstate.edge``)."""
+    got = _state_value(home)
+    if got is None:
         return None
+    url, fld, raw = got
     key = f"{url.scheme}://{url.bucket}/{url.prefix}"
     with _LOCK:
         if key not in _STORES:
+            from gtrain.sharedstate.edge import Guarded
             from gtrain.sync.condput import open_store
 
-            _STORES[key] = open_store(url)
+            _STORES[key] = Guarded(lambda: open_store(url), url, fld, raw)
         return _STORES[key]
 
 

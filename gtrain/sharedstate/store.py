@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from gtrain import redact
-from gtrain.errors import ConfigError, StateError
+from gtrain.errors import ConfigError, GtrainError, StateError
 from gtrain.sharedstate import runs
 from gtrain.sharedstate.hostkeys import lines_for, pin
 from gtrain.state import Cluster, StateStore
@@ -45,7 +45,9 @@ _INT_COLS = ("node_rank", "instance_type", "market", "price_per_hour", "started_
              "estimate", "note")
 
 
-def _wire_error(e: Exception, what: str) -> StateError:
+def _wire_error(e: Exception, what: str) -> GtrainError:
+    if isinstance(e, GtrainError):  # already told at the store's edge (gtrain.sharedstate.edge)
+        return e
     return StateError(f"shared state: {what}: {e}",
                       hint="check GTRAIN_STATE, the credentials for it and the network; the local cache is "
                            "unchanged")

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from xml.etree import ElementTree
 
-from gtrain.sync.httpconn import Response, ThreadConns, backoff
+from gtrain.sync.httpconn import Response, ThreadConns, backoff, unreachable
 
 API_VERSION = "2023-11-03"
 DEV_ACCOUNT = "devstoreaccount1"
@@ -130,8 +130,9 @@ class AzureWire:
     """One client per sync: signed requests on thread-local keep-alive connections."""
 
     def __init__(self, account: Account | None = None, *, timeout: float = 60.0, backoff: float = 1.0,
-                 on_request: Callable[[str, str], None] | None = None) -> None:
+                 on_request: Callable[[str, str], None] | None = None, fail_fast: bool = False) -> None:
         self.account = account or resolve_account()
+        self.fail_fast = fail_fast  # a refused / unanswered / unresolved endpoint fails at once, not retried
         u = urllib.parse.urlsplit(self.account.endpoint)
         self.scheme, self.netloc, self.base_path = u.scheme or "https", u.netloc, u.path.rstrip("/")
         self.conns = ThreadConns(timeout, os.environ.get("REQUESTS_CA_BUNDLE") or None)
@@ -197,6 +198,8 @@ class AzureWire:
                                          "credentials (407)", container=container, blob=blob) from e
                 last = AzureWireError(0, type(e).__name__, f"{self.scheme}://{self.netloc}: {e}",
                                       container=container, blob=blob)
+                if self.fail_fast and unreachable(e):
+                    raise last from e
                 continue
             if resp.will_close:
                 self.conns.drop(self.scheme, self.netloc)

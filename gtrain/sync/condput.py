@@ -27,6 +27,10 @@ from typing import Any, Protocol
 
 from gtrain.sync.model import RemoteURL
 
+#: seconds one request of the shared state may wait for an answer: its objects are small, and a store that does
+#: not answer (or refuses) fails the command at once instead of after the sync engine's retries
+TIMEOUT_S = 5.0
+
 
 class Conflict(Exception):
     """The object's version was not the one the write was conditional on: another writer won."""
@@ -60,7 +64,7 @@ class S3Cond:
     def __init__(self, url: RemoteURL) -> None:
         from gtrain.sync.s3wire import S3Wire
 
-        self.url, self.root, self.wire = url, _root(url), S3Wire(timeout=30.0)
+        self.url, self.root, self.wire = url, _root(url), S3Wire(timeout=TIMEOUT_S, fail_fast=True)
 
     def get(self, key: str) -> Obj | None:
         from gtrain.sync.s3wire import S3WireError
@@ -111,7 +115,8 @@ class GCSCond:
         from gtrain.sync.gcswire import Wire
 
         self.url, self.root = url, _root(url)
-        self.wire = Wire(maxsize=8)  # the endpoint: gcswire.default_endpoint() (STORAGE_EMULATOR_HOST when set)
+        # the endpoint: gcswire.default_endpoint() (STORAGE_EMULATOR_HOST when set)
+        self.wire = Wire(maxsize=8, timeout=(TIMEOUT_S, TIMEOUT_S), fail_fast=True)
         self._b = urllib.parse.quote(url.bucket, safe="")
 
     def _o(self, key: str) -> str:
@@ -171,7 +176,7 @@ class AzureCond:
     def __init__(self, url: RemoteURL) -> None:
         from gtrain.sync.azwire import AzureWire
 
-        self.url, self.root, self.wire = url, _root(url), AzureWire(timeout=30.0)
+        self.url, self.root, self.wire = url, _root(url), AzureWire(timeout=TIMEOUT_S, fail_fast=True)
 
     def get(self, key: str) -> Obj | None:
         r = self.wire.request("GET", self.url.bucket, self.root + key, ok=(200, 404))

@@ -82,7 +82,7 @@ def default_credentials() -> Any:
     return creds
 
 
-def _pool(base: str, maxsize: int) -> Any:
+def _pool(base: str, maxsize: int, timeout: tuple[float, float] = TIMEOUT) -> Any:
     import urllib3
 
     from gtrain.sync.httpconn import proxy_for
@@ -96,7 +96,7 @@ def _pool(base: str, maxsize: int) -> Any:
         except ImportError:
             ca = None
     kw: dict[str, Any] = {"maxsize": maxsize, "block": False, "retries": False,
-                          "timeout": urllib3.Timeout(connect=TIMEOUT[0], read=TIMEOUT[1])}
+                          "timeout": urllib3.Timeout(connect=timeout[0], read=timeout[1])}
     if ca:
         kw["ca_certs"] = ca
     u = urlsplit(base)
@@ -112,16 +112,18 @@ class Wire:
     body streamed in 1 MiB chunks. Only conditional or read-only requests come here, so every try may be
     retried."""
 
-    def __init__(self, base: str | None = None, *, credentials: Any = None, maxsize: int = 20) -> None:
+    def __init__(self, base: str | None = None, *, credentials: Any = None, maxsize: int = 20,
+                 timeout: tuple[float, float] = TIMEOUT, fail_fast: bool = False) -> None:
         from google.auth.transport.urllib3 import AuthorizedHttp
 
+        self.fail_fast = fail_fast  # a refused / unanswered / unresolved endpoint fails at once, not retried
         self.base = (base or default_endpoint()).rstrip("/")
         self.headers: dict[str, str] = {"User-Agent": "gtrain"}
         self.creds = credentials if credentials is not None else default_credentials()
         mtls = base is None and os.environ.get("GOOGLE_API_USE_CLIENT_CERTIFICATE", "").lower() == "true"
         if mtls and self.base == DEFAULT_ENDPOINT:
             self.base = MTLS_ENDPOINT  # where the default client certificate is asked for, as the library does
-        self.http = AuthorizedHttp(self.creds, http=_pool(self.base, maxsize))
+        self.http = AuthorizedHttp(self.creds, http=_pool(self.base, maxsize, timeout))
         if mtls:
             self.http.configure_mtls_channel()  # the default client certificate, as the library would
         parts = urlsplit(self.base)
@@ -172,6 +174,8 @@ class Wire:
             rr = self.http.urlopen(method, url, body=body, headers=h, preload_content=False, redirect=False,
                                    retries=False, decode_content=False)
         except (urllib3.exceptions.HTTPError, OSError) as e:
+            if self.fail_fast and isinstance(e, urllib3.exceptions.TimeoutError | OSError):  # refused, no answer,
+                raise Broken(f"{self.origin}: {e}") from e  # no such host (urllib3's are TimeoutErrors): no retry
             raise Transient(Broken(f"{self.origin}: {e}")) from e
         resp = Response(rr.status, rr.headers, lambda: rr.stream(READ_CHUNK, decode_content=False))
         ok = False

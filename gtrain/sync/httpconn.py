@@ -56,6 +56,14 @@ def proxy_for(scheme: str, netloc: str) -> tuple[str | None, str | None]:
     return u.netloc.rpartition("@")[2], auth
 
 
+def unreachable(e: BaseException) -> bool:
+    """Whether a transport error says the endpoint cannot be had now (refused, no answer within the timeout, a
+    host name that does not resolve): what a caller that must not wait (``fail_fast``) gives up on at once."""
+    import socket
+
+    return isinstance(e, ConnectionRefusedError | TimeoutError | socket.gaierror)
+
+
 def backoff(attempt: int, *, throttled: bool, retry_after: float | None = None, scale: float = 1.0) -> float:
     """Seconds to wait before retry ``attempt`` (1 = the first retry): jittered doubling, longer for
     throttling (429 / 503 / SlowDown / ServerBusy), at least the server's ``Retry-After`` (capped)."""

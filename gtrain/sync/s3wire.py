@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
 
-from gtrain.sync.httpconn import Response, ThreadConns, backoff
+from gtrain.sync.httpconn import Response, ThreadConns, backoff, unreachable
 from gtrain.sync.s3auth import (  # re-exported: the names callers and tests know
     Credentials,
     NoCredentials,
@@ -100,9 +100,10 @@ class S3Wire:
 
     def __init__(self, profile: str | None = None, *, settings: Settings | None = None,
                  timeout: float = 60.0, on_request: Callable[[str, str], None] | None = None,
-                 backoff: float = 1.0) -> None:
+                 backoff: float = 1.0, fail_fast: bool = False) -> None:
         self.settings = settings or resolve_settings(profile)
         self.timeout = timeout
+        self.fail_fast = fail_fast  # a refused / unanswered / unresolved endpoint fails at once, not retried
         self.backoff = backoff  # scales every retry's wait (tests of storms run it small)
         self.clock_offset = 0.0  # seconds to add to our clock when signing (corrected on RequestTimeTooSkewed)
         self.on_request = on_request
@@ -225,6 +226,8 @@ class S3Wire:
                     raise _proxy_auth_error(proxy, bucket, key) from e
                 last = S3WireError(0, type(e).__name__, f"{route.scheme}://{route.netloc}: {e}", bucket=bucket,
                                    key=key)
+                if self.fail_fast and unreachable(e):
+                    raise last from e
                 continue
             rheaders = {k.lower(): v for k, v in resp.getheaders()}
             if resp.status in ok:

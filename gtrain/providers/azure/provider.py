@@ -45,6 +45,10 @@ class AzureProvider(CloudProvider):
     gc_scope: ClassVar[str | None] = "region"
     #: Azure's in-guest shutdown leaves a stopped VM that is still billed: the nodes do not end themselves
     nodes_enforce_limits: ClassVar[bool] = False
+    #: no power-off here yet: a stopped Azure VM bills on until it is deallocated through ARM
+    can_stop: ClassVar[bool] = False
+    cannot_stop_why: ClassVar[str | None] = ("an Azure VM bills until it is deallocated, and gtrain does not "
+                                             "deallocate and reallocate VMs yet")
 
     def __init__(self, store: StateStore, report: Reporter = SILENT, *, credential: Any = None,
                  endpoint: str | None = None, max_workers: int = 32) -> None:

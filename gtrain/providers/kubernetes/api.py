@@ -14,17 +14,72 @@ T = TypeVar("T")
 
 
 def client(context: str | None, namespace: str) -> Any:
-    """A lightkube Client: KUBECONFIG (or ~/.kube/config) with ``context``, else the in-cluster config."""
+    """A lightkube Client: the in-cluster config, else KUBECONFIG (or ~/.kube/config) with ``context`` (else its
+    current context), as ``KubeConfig.from_env`` picks them; the file is read by the spec's bounded YAML loader, so
+    a binary, hostile or misshapen kubeconfig is one ConfigError naming it (exit 2), never a crash."""
     from lightkube import Client, KubeConfig
     from lightkube.core.exceptions import ConfigError as KubeConfigError
 
+    fld = "kubernetes.context"
     try:
-        config = KubeConfig.from_env().get(context_name=context) if context else KubeConfig.from_env()
-    except (KubeConfigError, KeyError, OSError) as e:
-        raise ConfigError(f"kubernetes.context: {context or '(current)'!r} — no usable kubeconfig: {e}",
+        config = KubeConfig.from_service_account()
+        where = "the in-cluster config"
+    except (KubeConfigError, OSError):
+        config, where = _kubeconfig_file()
+    if context is None and config.current_context is None:
+        raise ConfigError(f"{where} sets no current-context and kubernetes.context is not set", field=fld,
+                          hint="set kubernetes.context in the spec, or `kubectl config use-context NAME` "
+                               "(`kubectl config get-contexts` lists them)")
+    try:
+        single = config.get(context_name=context)
+    except (KubeConfigError, KeyError) as e:
+        why = f"context {context!r} not found" if isinstance(e, KubeConfigError) else f"it names {e} but lacks it"
+        raise ConfigError(f"{fld}: {context or config.current_context!r} — no usable context in {where}: {why}",
                           hint="set KUBECONFIG or kubernetes.context (`kubectl config get-contexts`)",
-                          field="kubernetes.context") from None
-    return Client(config, namespace=namespace, field_manager="gtrain")
+                          field=fld) from None
+    return Client(single, namespace=namespace, field_manager="gtrain")
+
+
+def _kubeconfig_file() -> tuple[Any, str]:
+    """``KUBECONFIG`` (or ~/.kube/config) as a lightkube ``KubeConfig``, and how to name it in a message."""
+    import os
+    from pathlib import Path
+
+    from lightkube import KubeConfig
+
+    from gtrain.spec.loader import MAX_BYTES
+    from gtrain.spec.loader import load as load_yaml
+
+    raw_name = os.environ.get("KUBECONFIG") or "~/.kube/config"
+    fld = "KUBECONFIG" if os.environ.get("KUBECONFIG") else "kubernetes.context"
+    path = Path(raw_name).expanduser()
+    where = f"kubeconfig {str(path)!r}"
+    fix = "point KUBECONFIG at a kubeconfig file (`kubectl config view` shows the one in use)"
+    if not path.is_file():
+        raise ConfigError(f"{where} does not exist (and this is not a pod with a service account)", field=fld,
+                          hint=fix)
+    try:
+        with path.open("rb") as f:
+            text = f.read(MAX_BYTES + 1).decode("utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read {where}: {e.strerror or e}", field=fld, hint=fix) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{where} is not UTF-8 text (byte {e.start + 1}): not a kubeconfig", field=fld,
+                          hint=fix) from None
+    try:
+        doc = load_yaml(text, where)
+    except ConfigError as e:  # nested too deep, malformed, oversized: the loader's message names the file
+        raise ConfigError(e.message, field=fld, hint=fix) from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("contexts", []), list) \
+            or not isinstance(doc.get("clusters", []), list):
+        shape = type(doc).__name__ if not isinstance(doc, dict) else "a mapping whose contexts/clusters are not lists"
+        raise ConfigError(f"{where} is {shape}, not a kubeconfig (a mapping with clusters, contexts, users)",
+                          field=fld, hint=fix)
+    try:
+        return KubeConfig.from_dict({"clusters": [], "contexts": [], **doc}, fname=path), where
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        raise ConfigError(f"{where} is not a well-formed kubeconfig ({type(e).__name__}: {e})", field=fld,
+                          hint=fix) from None
 
 
 def translate(exc: BaseException, doing: str, namespace: str) -> BaseException:

@@ -47,6 +47,9 @@ class LambdaProvider(CloudProvider):
     name = "lambda"
     gc_scope: ClassVar[str | None] = "region"
     nodes_enforce_limits: ClassVar[bool] = False
+    #: Lambda Cloud's API launches and terminates instances, nothing between
+    can_stop: ClassVar[bool] = False
+    cannot_stop_why: ClassVar[str | None] = "Lambda Cloud has no stop: an instance bills until it is terminated"
 
     def __init__(self, store: StateStore, report: Reporter = SILENT, *, api: LambdaAPI | None = None,
                  max_workers: int = 32) -> None:
