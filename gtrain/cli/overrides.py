@@ -30,6 +30,18 @@ class Overrides:
     spot: bool | None = None
     name: str | None = None
 
+    def __post_init__(self) -> None:
+        import sys
+
+        from gtrain.errors import ConfigError
+
+        if self.spot is not None:  # a --spot/--on-demand pair keeps the last: both given is a contradiction
+            argv = sys.argv[1:]
+            argv = argv[:argv.index("--")] if "--" in argv else argv
+            if "--spot" in argv and "--on-demand" in argv:
+                raise ConfigError("--spot and --on-demand given together; they contradict each other",
+                                  field="--spot", hint="give one of them (or neither: the spec's resources.use_spot)")
+
     def flags(self) -> dict[str, str]:
         """The spec field each given flag sets -> the flag as the user wrote it (values of --env left out)."""
         got: dict[str, str] = {}
@@ -55,6 +67,7 @@ class Overrides:
             res = data.get("resources")
             res = dict(res) if isinstance(res, dict) else {}
             if self.gpus is not None:
+                _no_gpus_on_tpu(res.get("accelerators"), self.gpus)
                 res["accelerators"] = self.gpus
             if self.spot is not None:
                 res["use_spot"] = self.spot
@@ -113,3 +126,15 @@ class Overrides:
         """One line for the plan: what the command line changed."""
         got = self.flags()
         return "from the command line: " + ", ".join(got.values()) if got else None
+
+
+def _no_gpus_on_tpu(spec_value: object, flag: str) -> None:
+    """``--gpus A100:8`` on a spec that names a Cloud TPU slice: GPUs on a TPU spec (its provider, num_nodes and
+    nproc follow the slice) is a mistake, not an override; another slice type is fine."""
+    from gtrain.errors import ConfigError
+    from gtrain.registry import accelerator_family
+
+    if isinstance(spec_value, str) and accelerator_family(spec_value) and not accelerator_family(flag):
+        raise ConfigError(f"--gpus {flag}: the spec names a Cloud TPU slice ({spec_value}); --gpus sets GPUs",
+                          field="--gpus", hint="give another slice type (--accelerators tpu-v5p-16), or change "
+                          "resources.accelerators in the spec")

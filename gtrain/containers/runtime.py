@@ -17,6 +17,7 @@ import shlex
 from typing import TYPE_CHECKING
 
 from gtrain.errors import ConfigError
+from gtrain.spec.containers import refuse_option
 
 if TYPE_CHECKING:
     from gtrain.spec import Job
@@ -25,35 +26,14 @@ if TYPE_CHECKING:
 SHM_SIZE = "16g"
 LABEL_CLUSTER = "gtrain.cluster"
 LABEL_JOB = "gtrain.job"
-# flags gtrain sets itself (or that would undo what it guarantees): refused in job.container.options
-OWNED = {
-    "--network": "host networking is set by gtrain", "--net": "host networking is set by gtrain",
-    "--ipc": "host IPC is set by gtrain", "--gpus": "GPUs are passed by gtrain when the node has them",
-    "--name": "gtrain names the container", "--rm": "gtrain removes the container",
-    "-v": "use job.container.mounts", "--volume": "use job.container.mounts", "--mount": "use job.container.mounts",
-    "-l": "gtrain labels the container", "--label": "gtrain labels the container",
-    "-w": "gtrain sets the workdir", "--workdir": "gtrain sets the workdir",
-    "-e": "use job.env (or job.secrets: never in argv)", "--env": "use job.env (or job.secrets: never in argv)",
-    "--env-file": "use job.env / job.secrets", "-d": "gtrain runs the container attached",
-    "--detach": "gtrain runs the container attached", "-i": "gtrain sets stdin", "--interactive": "gtrain sets stdin",
-    "-t": "no terminal on nodes", "--tty": "no terminal on nodes", "--entrypoint": "gtrain sets the command",
-    "--init": "gtrain runs an init process",
-    "--pid": "gtrain shares the host's PID namespace (c10d names a node by host name and pid)",
-}
 VM_RUNTIMES = ("docker", "podman")
 
 
 def check_options(opts: ContainerOptions) -> None:
-    """Exit 2 naming the option, before anything is touched, for a flag gtrain owns."""
+    """Exit 2 naming the option, before anything is touched, for a flag gtrain owns (the spec's model refuses
+    them as it reads the spec: this holds for options set after it)."""
     for o in opts.options:
-        flag = o.split("=", 1)[0]
-        if flag in OWNED:
-            raise ConfigError(f"job.container.options: {o!r} is set by gtrain ({OWNED[flag]})",
-                              hint="remove it from job.container.options", field="job.container.options")
-        if not o.startswith("-"):
-            raise ConfigError(f"job.container.options: {o!r} is not a flag",
-                              hint="write each flag with its value, e.g. --cap-add=SYS_PTRACE",
-                              field="job.container.options")
+        refuse_option(o)
 
 
 def vm_runtime(job: Job) -> str:

@@ -15,6 +15,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from gtrain.errors import ConfigError
+
 ACCEL_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_-]*)(?::(\d+))?$")
 MAX_CANDIDATES = 32
 #: the fields of ``resources`` a candidate may set for itself
@@ -117,6 +119,7 @@ def settle(spec: Any, provider_given: bool) -> None:
     if spec.resources.order is not None and not cands:
         raise ValueError("resources.order is given without resources.any_of; add candidates or drop `order`")
     if not cands:
+        check_served(spec, "resources.accelerators", spec.resources.accelerators, spec.provider)
         return
     for i, c in enumerate(cands):
         if c.provider is None:
@@ -127,6 +130,29 @@ def settle(spec: Any, provider_given: bool) -> None:
         elif provider_given and c.provider != spec.provider:
             raise ValueError(f"resources.any_of[{i}].provider: {c.provider!r} disagrees with provider "
                              f"{spec.provider!r}; omit the top-level `provider:` when candidates name several")
+    for i, c in enumerate(cands):
+        field = f"resources.any_of[{i}].accelerators" if c.accelerators else "resources.accelerators"
+        check_served(spec, field, c.accelerators or spec.resources.accelerators, c.provider or spec.provider,
+                     f" (candidate #{i + 1})")
+
+
+def check_served(spec: Any, field: str, accelerators: str | None, provider: str, where: str = "") -> None:
+    """An accelerator family's type only on the provider that makes it (a TPU slice: gcp), and no more ranks on
+    a host than it has chips."""
+    from gtrain.registry import accelerator_family, accelerator_shape
+
+    if not accelerator_family(accelerators):
+        return
+    shape = accelerator_shape(accelerators or "")
+    if provider != shape.provider:
+        raise ConfigError(f"invalid spec: {field}: {shape.name} is a {shape.family.upper()} type only provider "
+                          f"{shape.provider!r} serves, but the provider is {provider!r}{where}", field=field,
+                          hint=f"set provider: {shape.provider}, or name GPUs (GPU:COUNT)")
+    nproc = spec.job.nproc_per_node if spec.job is not None else None
+    if nproc is not None and nproc > shape.chips_per_node:
+        raise ConfigError(f"invalid spec: job.nproc_per_node: {nproc} processes on a host of {shape.name}, which "
+                          f"has {shape.chips_per_node} chip(s) per host", field="job.nproc_per_node",
+                          hint=f"give at most {shape.chips_per_node}, or leave it out (one per chip)")
 
 
 def settle_nodes(spec: Any, field: str, accelerators: str | None, given: bool, candidate: bool = False) -> None:

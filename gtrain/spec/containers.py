@@ -8,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from gtrain.errors import ConfigError
+
 # The Docker distribution reference grammar (github.com/distribution/reference, regexp.go), anchored:
 # [registry[:port]/]path[:tag][@digest]. Path components are lower case; the registry may hold upper case.
 _DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
@@ -21,6 +23,51 @@ IMAGE_RE = re.compile(
 )
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 RUNTIMES = ("auto", "docker", "podman", "enroot", "apptainer")
+# flags gtrain sets itself (or that would undo what it guarantees): refused in job.container.options
+OWNED = {
+    "--network": "host networking is set by gtrain", "--net": "host networking is set by gtrain",
+    "--ipc": "host IPC is set by gtrain", "--gpus": "GPUs are passed by gtrain when the node has them",
+    "--name": "gtrain names the container", "--rm": "gtrain removes the container",
+    "-v": "use job.container.mounts", "--volume": "use job.container.mounts", "--mount": "use job.container.mounts",
+    "-l": "gtrain labels the container", "--label": "gtrain labels the container",
+    "-w": "gtrain sets the workdir", "--workdir": "gtrain sets the workdir",
+    "-e": "use job.env (or job.secrets: never in argv)", "--env": "use job.env (or job.secrets: never in argv)",
+    "--env-file": "use job.env / job.secrets", "-d": "gtrain runs the container attached",
+    "--detach": "gtrain runs the container attached", "-i": "gtrain sets stdin", "--interactive": "gtrain sets stdin",
+    "-t": "no terminal on nodes", "--tty": "no terminal on nodes", "--entrypoint": "gtrain sets the command",
+    "--init": "gtrain runs an init process",
+    "--pid": "gtrain shares the host's PID namespace (c10d names a node by host name and pid)",
+    "--volumes-from": "another container's volumes break the job's isolation; use job.container.mounts",
+}
+#: docker's one-letter flags that take a value (the rest of `-vX` is its value); the others combine (`-itd`)
+SHORT_WITH_VALUE = set("acehlmpuvw")
+
+
+def option_flags(o: str) -> list[str]:
+    """The flags one option holds: `--name=x` -> --name; `-itd` -> -i, -t, -d; `-v/:/h` -> -v; `-eA=1` -> -e."""
+    if o.startswith("--"):
+        return [o.split("=", 1)[0]]
+    flags: list[str] = []
+    for c in o[1:]:
+        flags.append("-" + c)
+        if c in SHORT_WITH_VALUE or c == "=":
+            break
+    return flags
+
+
+def refuse_option(o: str) -> None:
+    """A ConfigError (never repeating an attached value: `-eTOKEN=...`) for a flag gtrain owns, or no flag."""
+    if not o.startswith("-") or o in ("-", "--"):
+        raise ConfigError(f"job.container.options: {o[:40]!r} is not a flag", field="job.container.options",
+                          hint="write each flag with its value, e.g. --cap-add=SYS_PTRACE")
+    for flag in option_flags(o):
+        if flag in OWNED:
+            shown = repr(o[:60]) if o.startswith("--") or o == flag else repr(flag) + (
+                "" if flag == "-e" else f" (in {o[:40]!r})")  # `-eTOKEN=...`: the value is not repeated
+            raise ConfigError(f"job.container.options: {shown} is set by gtrain or breaks isolation "
+                              f"({OWNED[flag]})", hint="remove it from job.container.options",
+                              field="job.container.options")
+
 
 
 def check_image(v: str | None) -> str | None:
@@ -103,6 +150,7 @@ class ContainerOptions(_Model):
     @classmethod
     def _opts(cls, v: list[str]) -> list[str]:
         for o in v:
-            if any(c in o for c in "\x00\r\n"):
+            if any(c in o for c in "\x00\r\n\x1b"):
                 raise ValueError(f"{o!r} holds a control character")
+            refuse_option(o)
         return v

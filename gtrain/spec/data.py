@@ -30,6 +30,39 @@ def no_credentials(field: str) -> BeforeValidator:
     return BeforeValidator(check)
 
 
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_QUERY_SECRET_RE = re.compile(r"[?&#;](?:[A-Za-z0-9_.-]*(?:token|password|passwd|pwd|secret|api[_-]?key|apikey|"
+                              r"access[_-]?key|auth|sig|signature|credential)[A-Za-z0-9_.-]*)=", re.IGNORECASE)
+#: folders of the system: a path gtrain writes under may not be one of them or inside one
+SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/root", "/run",
+               "/sbin", "/sys", "/usr", "/var/lib", "/var/run")
+
+
+def has_control(v: str) -> bool:
+    """A newline, NUL, escape or other control character (C0, DEL, C1)."""
+    return bool(_CONTROL_RE.search(v))
+
+
+def no_control(v: str | None) -> str | None:
+    if v is not None and has_control(v):
+        raise ValueError("holds a control character (newline, NUL, escape); write it on one line of plain text")
+    return v
+
+
+def url_credentials(v: str) -> bool:
+    """``user:pass@`` in a URL's authority, or a token / password / key parameter in its query."""
+    return bool(_CREDENTIALS_RE.match(v) or _QUERY_SECRET_RE.search(v))
+
+
+def system_dir(path: str) -> str | None:
+    """The system folder an absolute ``path`` is (``/``, ``/etc``) or lies in, else None."""
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    norm = "/" + "/".join(parts)
+    if not parts:
+        return "/"
+    return next((d for d in SYSTEM_DIRS if norm == d or norm.startswith(d + "/")), None)
+
+
 def no_nul(v: str | None) -> str | None:
     if v is not None and "\x00" in v:
         raise ValueError("holds a NUL byte")

@@ -34,6 +34,8 @@ MAX_KEYS = 5_000  # keys of one mapping, items of one list: real ones hold tens 
 #                  composing 24,000 keys or 45,000 items took over 1 s of CPU
 STR_TAG = "tag:yaml.org,2002:str"
 MERGE_TAG = "tag:yaml.org,2002:merge"
+#: sections where a merge key is refused: what reaches the cluster's API server is written out
+NO_MERGE = ("kubernetes",)
 NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
 MAX_DIGITS = 100  # Python refuses to convert an integer of 4,300 digits; no field needs 100
 BOOL_TAG = "tag:yaml.org,2002:bool"
@@ -150,7 +152,21 @@ class _SpecLoader(_Base):
             job = _get(node, "job")
             if isinstance(job, MappingNode):
                 job.value = [(k, self._env_as_text(v) if _is_key(k, "env") else v) for k, v in job.value]
+            for section in NO_MERGE:
+                self._no_merge(_get(node, section), [section])
         return node
+
+    def _no_merge(self, node: Node | None, path: list[Any]) -> None:
+        """A merge key (``<<: *base``) hides which value a field gets (the duplicate check cannot see it)."""
+        if isinstance(node, SequenceNode):
+            for i, item in enumerate(node.value):
+                self._no_merge(item, [*path, i])
+        elif isinstance(node, MappingNode):
+            for key, value in node.value:
+                if key.tag == MERGE_TAG:
+                    raise self.refuse(key, "a YAML merge key (<<) is not allowed in this section",
+                                      "write the fields out (an alias of a whole value is fine)", path=path)
+                self._no_merge(value, [*path, key.value if isinstance(key, ScalarNode) else "?"])
 
     def _env_as_text(self, env: Node) -> Node:
         """A copy of the ``job.env`` mapping with every name and value tagged as the string it was written as."""

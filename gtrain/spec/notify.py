@@ -8,24 +8,37 @@ import re
 import shlex
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+
+from gtrain.errors import ConfigError
+from gtrain.spec.data import has_control, no_control, system_dir, url_credentials
 
 EVENTS = ("succeeded", "failed", "cancelled", "preempted", "recovered", "budget_80", "budget_reached",
           "idle_stopped", "health_failed")
 DEFAULT_EVENTS = ["succeeded", "failed", "preempted", "recovered", "budget_80", "budget_reached", "idle_stopped",
                   "health_failed"]
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_EMAIL = re.compile(r"^[^@\s,;<>]+@[^@\s,;<>]+\.[^@\s,;<>]+$")
+_EMAIL = re.compile(r"^[^@\s,;<>\x00-\x1f\x7f]+@[^@\s,;<>\x00-\x1f\x7f]+\.[^@\s,;<>\x00-\x1f\x7f]+\Z")
+_SECRET_FIX = "name the local environment variable that holds the secret (letters, digits, _), never the secret itself"
 
 
-def _secret_name(v: str) -> str:
-    if not _ENV_NAME.match(v):
-        raise ValueError(f"{v!r} is not an environment variable name: name the local variable that holds the "
-                         "secret (letters, digits, _), never the secret itself")
-    return v
+def secret_name(field: str) -> BeforeValidator:
+    """A field naming a local environment variable; a URL, credential or control character there is refused
+    without repeating it (the error names the field)."""
+
+    def check(v: object) -> object:
+        if not isinstance(v, str) or _ENV_NAME.fullmatch(v.strip()):
+            return v.strip() if isinstance(v, str) else v
+        if "://" in v or "@" in v or ":" in v or has_control(v) or len(v) > 128:
+            raise ConfigError(f"invalid spec: {field}: not an environment variable name but a URL or credential "
+                              "(the value is not shown)", hint=_SECRET_FIX, field=field)
+        raise ValueError(f"{v!r} is not an environment variable name: {_SECRET_FIX}")
+
+    return BeforeValidator(check)
 
 
-SecretName = Annotated[str, AfterValidator(_secret_name)]
+def _line(v: str | None) -> str | None:
+    return no_control(v)
 
 
 class _Block(BaseModel):
@@ -33,7 +46,8 @@ class _Block(BaseModel):
 
 
 class WebhookTarget(_Block):
-    url_secret: SecretName = Field(..., description="local environment variable holding the webhook URL (the URL is "
+    url_secret: Annotated[str, secret_name("notify.webhook.url_secret")] = Field(
+        ..., description="local environment variable holding the webhook URL (the URL is "
                             "a credential: it is never written to the spec, state or logs)")
     format: Literal["slack", "discord", "teams", "json"] = Field(
         "json", description="`slack`, `discord`, `teams` (the payload each service documents) or `json` "
@@ -42,7 +56,8 @@ class WebhookTarget(_Block):
 
 class EmailTarget(_Block):
     to: list[str] = Field(..., min_length=1, max_length=50, description="recipients")
-    smtp_secret: SecretName = Field(..., description="local environment variable holding the SMTP URL "
+    smtp_secret: Annotated[str, secret_name("notify.email.smtp_secret")] = Field(
+        ..., description="local environment variable holding the SMTP URL "
                              "`smtp://user:password@host:port` (`smtps://` for TLS; `?starttls=1` to upgrade)")
     sender: str = Field("gtrain@localhost", description="the From address")
 
@@ -52,6 +67,13 @@ class EmailTarget(_Block):
         for a in v:
             if not _EMAIL.match(a):
                 raise ValueError(f"{a!r} is not an e-mail address (name@example.com)")
+        return v
+
+    @field_validator("sender")
+    @classmethod
+    def _sender(cls, v: str) -> str:
+        if not _EMAIL.match(v) and not (v.endswith("@localhost") and _EMAIL.match(v + ".x")):
+            raise ValueError(f"{v!r} is not an e-mail address (name@example.com; one line, no control characters)")
         return v
 
 
@@ -74,6 +96,7 @@ class NotifySpec(_Block):
     @field_validator("command")
     @classmethod
     def _command(cls, v: str | None) -> str | None:
+        no_control(v)
         if v is not None:
             try:
                 if not shlex.split(v):
@@ -93,29 +116,40 @@ class EnergySpec(_Block):
     grid_source: str | None = Field(None, max_length=200, description="where that figure comes from (shown "
                                     "beside the carbon estimate)")
 
+    _one_line = field_validator("grid_source")(_line)
+
 
 class WandbTracking(_Block):
     project: str = Field(..., min_length=1, max_length=128, description="W&B project (WANDB_PROJECT)")
     entity: str | None = Field(None, max_length=128, description="W&B entity (WANDB_ENTITY)")
-    api_key_secret: SecretName = Field("WANDB_API_KEY", description="local environment variable sent to the ranks "
+    api_key_secret: Annotated[str, secret_name("job.tracking.wandb.api_key_secret")] = Field(
+        "WANDB_API_KEY", description="local environment variable sent to the ranks "
                                 "as WANDB_API_KEY (absent locally: offline runs still work)")
     mode: Literal["online", "offline"] | None = Field(None, description="WANDB_MODE")
+
+    _one_line = field_validator("project", "entity")(_line)
 
 
 class MlflowTracking(_Block):
     tracking_uri: str = Field(..., min_length=1, description="MLFLOW_TRACKING_URI (`http://host:5000`)")
     experiment: str = Field("Default", min_length=1, max_length=256, description="MLFLOW_EXPERIMENT_NAME")
-    token_secret: SecretName | None = Field(None, description="local environment variable sent as "
-                                     "MLFLOW_TRACKING_TOKEN")
+    token_secret: Annotated[str | None, secret_name("job.tracking.mlflow.token_secret")] = Field(
+        None, description="local environment variable sent as MLFLOW_TRACKING_TOKEN")
 
     @field_validator("tracking_uri")
     @classmethod
     def _uri(cls, v: str) -> str:
+        if url_credentials(v):
+            raise ConfigError("invalid spec: job.tracking.mlflow.tracking_uri: a password or token in the URL is "
+                              "refused (the value is not shown); put it in job.secrets or name it in token_secret",
+                              field="job.tracking.mlflow.tracking_uri",
+                              hint="MLflow's token: name its local variable in token_secret (sent "
+                              "as MLFLOW_TRACKING_TOKEN); other credentials: job.secrets")
         if not re.match(r"^(https?|file|sqlite|databricks)(://|:)", v):
             raise ValueError(f"{v!r}: give http(s)://host:port (a tracking server), file:/path or sqlite:///path")
-        if re.match(r"^https?://[^/]*@", v):
-            raise ValueError("holds a password; put the token in `token_secret`")
-        return v
+        return no_control(v) or v
+
+    _one_line = field_validator("experiment")(_line)
 
 
 class Tracking(_Block):
@@ -132,8 +166,14 @@ class Tracking(_Block):
     @field_validator("tensorboard")
     @classmethod
     def _tb(cls, v: bool | str) -> bool | str:
-        if isinstance(v, str) and (not v.strip() or any(c in v for c in "\0\n\r")):
+        if isinstance(v, str) and (not v.strip() or has_control(v)):
             raise ValueError(f"{v!r}: give true, or the folder your SummaryWriter writes (relative to the workdir)")
+        if isinstance(v, str) and ".." in v.split("/"):
+            raise ValueError("may not hold '..'; give a folder inside the workdir (e.g. tensorboard) or an "
+                             "absolute folder of the job's own")
+        if isinstance(v, str) and v.startswith("/") and (sysdir := system_dir(v)):
+            raise ValueError(f"is {'the root folder' if sysdir == '/' else 'in the system folder ' + sysdir}; "
+                             "give a folder inside the workdir (e.g. tensorboard) or one of the job's own")
         return v
 
     @property

@@ -158,6 +158,101 @@ def provider_cases() -> list[Case]:
     return out
 
 
+def section_cases() -> list[Case]:
+    """Issue 40: fields of the feature and provider sections that were wrongly accepted."""
+    kimg = {"run": "t.py", "image": "pytorch/pytorch:2.5.1"}
+    kube: list[tuple[str, object, str]] = [
+        ("context", "a\nb", "context"), ("context", "a\x00b", "context"), ("context", "a\x1b[2Jb", "context"),
+        ("node_selector", {"pool\n": "a"}, "node_selector"), ("node_selector", {"pool": "a\nb"}, "node_selector"),
+        ("node_selector", {"pool": "a\x00"}, "node_selector"), ("node_selector", {"p\x1bq": "a"}, "node_selector"),
+        ("tolerations", [{"key": "a\nb"}], "tolerations"), ("tolerations", [{"key": "k", "value": "v\x00"}],
+                                                             "tolerations"),
+        ("tolerations", [{"key": "k", "value": "\x1b[2J"}], "tolerations"),
+        ("shm_gb", True, "shm_gb"), ("shm_gb", float("inf"), "shm_gb"), ("shm_gb", 1e6, "shm_gb"),
+        ("volumes", [{"claim": "d", "mount": "/data/../etc"}], "volumes"),
+        ("volumes", [{"claim": "d", "mount": "/data:rw"}], "volumes"),
+        ("volumes", [{"claim": "d", "mount": "/da\nta"}], "volumes"),
+        ("volumes", [{"claim": "d", "mount": "/data"}, {"claim": "e", "mount": "/data/"}], "volumes"),
+        ("volumes", [{"claim": "d", "mount": "/gtrain/x"}], "volumes"),
+        ("volumes", [{"claim": "d", "mount": "/gtrain-ckpt"}], "volumes"),
+        ("volumes", [{"claim": "d", "mount": "/dev"}], "volumes"),
+        ("volumes", [{"claim": "d", "mount": "//gtrain-bundle"}], "volumes")]
+    out = [Case(f"kube-{k}-{i}", ("up", "--dry-run", "{spec}"),
+                _yaml({"name": "demo", "provider": "kubernetes", "kubernetes": {k: v}, "job": kimg}),
+                f"kubernetes.{needle}") for i, (k, v, needle) in enumerate(kube)]
+    out.append(Case("kube-merge", ("up", "--dry-run", "{spec}"), "name: demo\nprovider: kubernetes\nx: &b {shm_gb: 1}"
+                    "\nkubernetes:\n  <<: *b\njob: {run: t.py, image: 'pytorch/pytorch:2.5.1'}\n", "kubernetes"))
+    ray: list[tuple[str, object]] = [
+        ("runtime_env", {"env_vars": {"RANK": "0"}}), ("runtime_env", {"env_vars": {"MASTER_ADDR": "h"}}),
+        ("runtime_env", {"env_vars": {"GTRAIN_NODE_RANK": "1"}}), ("runtime_env", {"env_vars": {"A B": "1"}}),
+        ("runtime_env", {"pip": ["x"], "bogus": 1}), ("runtime_env", {"working_dir": "."}),
+        ("root", "/etc"), ("root", "/usr"), ("root", "/usr/local/gtrain"), ("root", "/opt"), ("root", "/etc/gtrain"),
+        ("address", "http://u:sekret@head:8265"), ("address", "http://head:8265/?token=tok3n"),
+        ("address", "https://head:8265/x?access_token=tok3n"), ("address", "http://sekret@head:8265")]
+    out += [Case(f"ray-{k}-{i}", ("up", "--dry-run", "{spec}"),
+                 _yaml({"name": "demo", "provider": "ray", "ray": {"address": "http://h:8265", k: v}}), f"ray.{k}")
+            for i, (k, v) in enumerate(ray)]
+    track: list[tuple[str, object]] = [
+        ("tensorboard", "/"), ("tensorboard", "/etc"), ("tensorboard", "/usr/share/tb"), ("tensorboard", "../tb"),
+        ("tensorboard", "a/../../tb"), ("tensorboard", "tb\x1b"),
+        ("mlflow", {"tracking_uri": "http://u:sekret@h:5000"}), ("mlflow", {"tracking_uri": "https://h/?token=tok3n"}),
+        ("mlflow", {"tracking_uri": "databricks://tok3n@ws"}), ("mlflow", {"tracking_uri": "http://h/?password=x"}),
+        ("mlflow", {"tracking_uri": "http://h:5000", "token_secret": "https://u:sekret@h"}),
+        ("mlflow", {"tracking_uri": "http://h:5000", "experiment": "a\nb"}),
+        ("wandb", {"project": "p\x1b[2J"}), ("wandb", {"project": "p", "api_key_secret": "sk-tok3n:x"})]
+    out += [Case(f"tracking-{k}-{i}", ("up", "--dry-run", "{spec}"),
+                 _yaml({"name": "demo", "job": {"run": "t.py", "tracking": {k: v}}}), f"job.tracking.{k}")
+            for i, (k, v) in enumerate(track)]
+    notify: list[tuple[str, object]] = [
+        ("webhook", {"url_secret": "https://hooks.slack.com/services/tok3n"}), ("webhook", {"url_secret": "A\nB"}),
+        ("email", {"to": ["a\x00b@c.de"], "smtp_secret": "S"}), ("email", {"to": ["a@b.d\x1be"], "smtp_secret": "S"}),
+        ("email", {"to": ["a@b.de"], "smtp_secret": "smtp://u:sekret@h:25"}),
+        ("email", {"to": ["a@b.de"], "smtp_secret": "S", "sender": "x@y.de\nBcc: e@v.il"}),
+        ("command", "notify-send\x00x"), ("command", "a\nb")]
+    out += [Case(f"notify-{k}-{i}", ("up", "--dry-run", "{spec}"), _yaml({"name": "demo", "notify": {k: v}}),
+                 f"notify.{k}") for i, (k, v) in enumerate(notify)]
+    out.append(Case("energy-source-esc", ("up", "--dry-run", "{spec}"),
+                    _yaml({"name": "demo", "energy": {"grid_source": "x\x1b[2J"}}), "energy.grid_source"))
+    azure: list[tuple[str, object]] = [
+        ("ssh_user", "root"), ("ssh_user", "admin"), ("ssh_user", "administrator"), ("ssh_user", "guest"),
+        ("tags", {f"t{i}": "v" for i in range(51)}), ("tags", {"a": "b\nc"}), ("ssh_cidr", "1.2.3.4/33"),
+        ("ssh_cidr", "300.1.1.1/32"), ("ssh_cidr", "10.0.0.0/8\nx"), ("vnet_cidr", "10.0.0.1/33"),
+        ("vnet_cidr", "127.0.0.0/16"), ("vnet_cidr", "169.254.0.0/16"), ("vnet_cidr", "0.0.0.0/8"),
+        ("ssh_proxy_command", "ssh -W %h:22 b\nProxyCommand id")]
+    out += [Case(f"azure-{k}-{i}", ("up", "--dry-run", "{spec}"),
+                 _yaml({"name": "demo", "provider": "azure", "resources": {"accelerators": "A100:8"}, "azure": {k: v}}),
+                 f"azure.{k}") for i, (k, v) in enumerate(azure)]
+    lam: list[tuple[str, object]] = [("file_system_names", ["fs\nx"]), ("file_system_names", ["fs\x00"]),
+                                     ("file_system_names", ["../fs"]), ("idle_command", ["shutdown\nid"]),
+                                     ("ssh_proxy_command", "nc %h 22\x00")]
+    out += [Case(f"lambda-{k}-{i}", ("up", "--dry-run", "{spec}"),
+                 _yaml({"name": "demo", "provider": "lambda", "resources": {"accelerators": "H100:8"},
+                        "lambda": {k: v}}),
+                 f"lambda.{k}") for i, (k, v) in enumerate(lam)]
+    opts = ["-itd", "-d", "-ti", "-v/:/host", "-v=/:/host", "-eTOKEN=sekret", "-e=A", "--volumes-from=other",
+            "--volumes-from", "-dit", "-w/x", "-lx=y", "--env=A=1", "--name=x", "-iv/:/h", "x"]
+    out += [Case(f"container-opt-{i}", ("up", "--dry-run", "{spec}"),
+                 _yaml({"name": "demo", "job": {"run": "t.py", "image": "pytorch/pytorch:2.5.1",
+                                                "container": {"options": [o]}}}), "job.container.options")
+            for i, o in enumerate(opts)]
+    tpu = [("local", {"accelerators": "tpu-v5p-8"}, {}, "resources.accelerators"),
+           ("aws", {"accelerators": "tpu-v5p-8"}, {}, "resources.accelerators"),
+           ("gcp", {"accelerators": "tpu-v5p-8"}, {"run": "t.py", "nproc_per_node": 64}, "job.nproc_per_node"),
+           ("gcp", {"accelerators": "tpu-v5p-8"}, {"run": "t.py", "nproc_per_node": 5}, "job.nproc_per_node"),
+           (None, {"accelerators": "tpu-v5p-8", "any_of": [{"provider": "gcp"}, {"provider": "aws"}]}, {},
+            "candidate #2")]
+    for i, (prov, res, job, needle) in enumerate(tpu):
+        doc: dict[str, object] = {"name": "demo", "resources": res, **({"provider": prov} if prov else {})}
+        out.append(Case(f"tpu-{i}", ("up", "--dry-run", "{spec}"), _yaml({**doc, **({"job": job} if job else {})}),
+                        needle))
+    tspec = _yaml({"name": "demo", "provider": "gcp", "resources": {"accelerators": "tpu-v5p-8"}})
+    gspec = _yaml({"name": "demo", "resources": {"accelerators": "A100:1"}})
+    out += [Case("flag-gpus-on-tpu", ("up", "--dry-run", "{spec}", "--gpus", "A100:8"), tspec, "--gpus"),
+            Case("flag-spot-on-demand", ("up", "--dry-run", "{spec}", "--spot", "--on-demand"), gspec, "--spot"),
+            Case("flag-on-demand-spot", ("up", "--dry-run", "{spec}", "--on-demand", "--spot"), gspec, "--spot")]
+    return out
+
+
 def yaml_cases() -> list[Case]:
     """The file itself: control characters, numbers no field needs, bombs, nesting, tags, encodings."""
     raw: list[tuple[str, str | bytes, str]] = [
@@ -292,9 +387,22 @@ VALID: list[Case] = [
     Case("ok-policies", ("up", "--dry-run", "{spec}"), B + "policies:\n  max_hours: 1.5\n  idle_minutes: 30\n", code=0),
     Case("ok-big-number-quoted", ("up", "--dry-run", "{spec}"), JOB + "  env: {N: '" + "9" * 5000 + "'}\n", code=0),
     Case("ok-unicode-env", ("up", "--dry-run", "{spec}"), JOB + "  env: {GREETING: 'héllo ✓'}\n", code=0),
+    Case("ok-kube", ("up", "--dry-run", "{spec}"), "name: demo\nprovider: kubernetes\nkubernetes:\n  shm_gb: 64\n"
+         "  node_selector: {example.com/pool: gpu-a}\n  volumes: [{claim: data, mount: /data}, {claim: m, mount: "
+         "/models/}]\n  tolerations: [{key: nvidia.com/gpu, operator: Exists}]\njob: {run: t.py, image: 'a/b:1'}\n",
+         code=0),
+    Case("ok-ray", ("up", "--dry-run", "{spec}"), "name: demo\nprovider: ray\nray:\n  address: http://h:8265\n"
+         "  root: /tmp/gtrain-ray\n  runtime_env: {pip: [x], env_vars: {LR: '1'}}\n", code=0),
+    Case("ok-tpu", ("up", "--dry-run", "{spec}"), "name: demo\nprovider: gcp\nresources: {accelerators: tpu-v5p-8}"
+         "\njob: {run: t.py, nproc_per_node: 4}\n", code=0),
+    Case("ok-tracking", ("up", "--dry-run", "{spec}"), JOB + "  tracking: {tensorboard: /scratch/tb, mlflow: "
+         "{tracking_uri: 'http://h:5000/?experiment=3'}}\n", code=0),
+    Case("ok-container", ("up", "--dry-run", "{spec}"), JOB + "  image: 'a/b:1'\n  container: {options: "
+         "['--cap-add=SYS_PTRACE', '-u1000', '--shm-size=1g']}\n", code=0),
 ]
 
-CASES: list[Case] = [*spec_cases(), *provider_cases(), *yaml_cases(), *job_cases(), *command_cases(), *VALID]
+CASES: list[Case] = [*spec_cases(), *provider_cases(), *section_cases(), *yaml_cases(), *job_cases(),
+                     *command_cases(), *VALID]
 
 
 def test_corpus_size() -> None:

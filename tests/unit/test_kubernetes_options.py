@@ -25,11 +25,38 @@ def spec(job: dict[str, Any] | None = None, **kube: object) -> Any:
     ({"volumes": [{"claim": "data", "mount": "relative"}]}, "kubernetes.volumes"),
     ({"gpu_resource": "nvidia com/gpu"}, "kubernetes.gpu_resource"),
     ({"tolerations": [{"operator": "Maybe"}]}, "kubernetes.tolerations"),
+    # issue 40: control characters, a bool / inf / huge shm, mounts that escape or shadow gtrain's own
+    ({"context": "a\nb"}, "kubernetes.context"), ({"context": "a\x00b"}, "kubernetes.context"),
+    ({"context": "\x1b[2J"}, "kubernetes.context"), ({"node_selector": {"k\n": "v"}}, "kubernetes.node_selector"),
+    ({"node_selector": {"k": "v\x00"}}, "kubernetes.node_selector"),
+    ({"tolerations": [{"key": "k", "value": "a\nb"}]}, "kubernetes.tolerations"),
+    ({"tolerations": [{"key": "k\x1b"}]}, "kubernetes.tolerations"),
+    ({"shm_gb": True}, "kubernetes.shm_gb"), ({"shm_gb": float("inf")}, "kubernetes.shm_gb"),
+    ({"shm_gb": 1e6}, "kubernetes.shm_gb"),
+    ({"volumes": [{"claim": "d", "mount": "/a/../etc"}]}, "kubernetes.volumes"),
+    ({"volumes": [{"claim": "d", "mount": "/a:b"}]}, "kubernetes.volumes"),
+    ({"volumes": [{"claim": "d", "mount": "/a\nb"}]}, "kubernetes.volumes"),
+    ({"volumes": [{"claim": "d", "mount": "/a"}, {"claim": "e", "mount": "/a/"}]}, "kubernetes.volumes"),
+    ({"volumes": [{"claim": "d", "mount": "/gtrain/data"}]}, "kubernetes.volumes"),
+    ({"volumes": [{"claim": "d", "mount": "/gtrain-bundle"}]}, "kubernetes.volumes"),
+    ({"volumes": [{"claim": "d", "mount": "/dev"}]}, "kubernetes.volumes"),
 ])
 def test_bad_fields_are_config_errors_naming_the_field(section: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError) as e:
         parse_options(spec(**section))
     assert e.value.field is not None and e.value.field.startswith(field) and e.value.exit_code == 2
+
+
+def test_gtrain_mounts_are_the_pods_own() -> None:
+    from gtrain.providers.kubernetes import objects
+    from gtrain.providers.kubernetes.options import GTRAIN_MOUNTS
+
+    assert GTRAIN_MOUNTS == (objects.ROOT, objects.BUNDLE_DIR, objects.CKPT_DIR, "/dev/shm")
+
+
+def test_good_mounts_are_normalised() -> None:
+    o = parse_options(spec(shm_gb=64, volumes=[{"claim": "d", "mount": "/data/"}, {"claim": "m", "mount": "/gtrainx"}]))
+    assert [v.mount for v in o.volumes] == ["/data", "/gtrainx"] and o.shm_gb == 64
 
 
 def test_image_is_required() -> None:

@@ -8,6 +8,8 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from gtrain.spec.data import has_control
+
 #: powers the node off: on EC2 that terminates it (InstanceInitiatedShutdownBehavior), on GCE it stops it
 IDLE_COMMAND = ("sudo", "-n", "shutdown", "-h", "now")
 
@@ -19,7 +21,8 @@ def check_cidr(v: str) -> str:
     try:
         net = ipaddress.ip_network(v, strict=False)
     except ValueError:
-        raise ValueError("must be 'auto' or a CIDR such as 203.0.113.7/32") from None
+        raise ValueError("must be 'auto' or a CIDR such as 203.0.113.7/32 (an address and a prefix length the "
+                         "address family allows)") from None
     return str(net)
 
 
@@ -47,6 +50,15 @@ class CloudOptions(BaseModel):
     @field_validator("ssh_proxy_command")
     @classmethod
     def _proxy(cls, v: str | None) -> str | None:
+        if v is not None and has_control(v):
+            raise ValueError("holds a control character (newline, NUL, escape); write it on one line")
         if v is not None and "%h" not in v:
             raise ValueError(f"must contain %h ({cls.proxy_host}), e.g. '{cls.proxy_example}'")
+        return v
+
+    @field_validator("idle_command")
+    @classmethod
+    def _idle(cls, v: list[str]) -> list[str]:
+        if any(not a or has_control(a) for a in v):
+            raise ValueError("an argument is empty or holds a control character (newline, NUL, escape)")
         return v

@@ -9,12 +9,20 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gtrain.errors import ConfigError
+from gtrain.spec import Float
+from gtrain.spec.data import duplicates, has_control
 
 if TYPE_CHECKING:
     from gtrain.spec import ClusterSpec
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_QUALIFIED = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+# \Z, not $: `$` matches before a final newline, and a key or list item keeps it
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
+_QUALIFIED = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?\Z")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?\Z")
+#: where gtrain mounts its own volumes in every pod (objects.py's ROOT, BUNDLE_DIR, CKPT_DIR and /dev/shm; a test
+#: holds them equal): a volume may not be at, over or inside one
+GTRAIN_MOUNTS = ("/gtrain", "/gtrain-bundle", "/gtrain-ckpt", "/dev/shm")
+MAX_SHM_GB = 1024
 
 #: the GPU node labels `gpu_label: auto` looks for, in order (GPU feature discovery, CoreWeave, GKE, EKS)
 GPU_LABELS = ("nvidia.com/gpu.product", "gpu.nvidia.com/class", "cloud.google.com/gke-accelerator",
@@ -49,9 +57,14 @@ class Volume(BaseModel):
     @field_validator("mount")
     @classmethod
     def _mount(cls, v: str) -> str:
-        if not v.startswith("/") or v.rstrip("/") in ("", "/gtrain", "/dev/shm", "/gtrain-bundle", "/gtrain-ckpt"):
-            raise ValueError("must be an absolute path other than /, /gtrain, /gtrain-bundle, /gtrain-ckpt and "
-                             "/dev/shm")
+        parts = v.split("/")
+        if not v.startswith("/") or has_control(v) or ":" in v or ".." in parts:
+            raise ValueError("must be an absolute path without '..', ':' or control characters (e.g. /data)")
+        v = "/" + "/".join(p for p in parts if p not in ("", "."))
+        for own in GTRAIN_MOUNTS:
+            if v == "/" or v == own or own.startswith(v + "/") or v.startswith(own + "/"):
+                raise ValueError(f"is at, over or inside {own}, which gtrain mounts itself ("
+                                 + ", ".join(GTRAIN_MOUNTS) + "); pick another folder, e.g. /data")
         return v
 
 
@@ -62,6 +75,21 @@ class Toleration(BaseModel):
     operator: Literal["Equal", "Exists"] = "Equal"
     value: str | None = None
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, v: str | None) -> str | None:
+        if v is not None and not _QUALIFIED.match(v):
+            raise ValueError("is not a taint key (a qualified name like nvidia.com/gpu, no control characters)")
+        return v
+
+    @field_validator("value")
+    @classmethod
+    def _value(cls, v: str | None) -> str | None:
+        if v is not None and not _LABEL_VALUE.match(v):
+            raise ValueError("is not a taint value (at most 63 of letters, digits, '-', '_', '.'; no control "
+                             "characters)")
+        return v
 
 
 class KubernetesOptions(BaseModel):
@@ -80,7 +108,8 @@ class KubernetesOptions(BaseModel):
     priority_class: str | None = Field(None, description="the pods' priorityClassName")
     queue: str | None = Field(None, description="a Kueue LocalQueue (label kueue.x-k8s.io/queue-name; the Job "
                                                 "is created suspended)")
-    shm_gb: float = Field(16, ge=0, description="/dev/shm as a memory-backed emptyDir of this size (0: none)")
+    shm_gb: Float = Field(16, ge=0, le=MAX_SHM_GB, allow_inf_nan=False, description="/dev/shm as a memory-backed "
+                          f"emptyDir of this size, GB (0: none; at most {MAX_SHM_GB})")
     volumes: list[Volume] = Field(default_factory=list, description="PersistentVolumeClaims to mount: "
                                   "[{claim: datasets, mount: /data, read_only: true}]")
     rdma: bool = Field(False, description="ask rdma/ib, add IPC_LOCK and the NCCL_IB_* env (InfiniBand)")
@@ -93,6 +122,14 @@ class KubernetesOptions(BaseModel):
                                             "scheduler's reason (default: wait as long as it takes)")
     price_per_gpu_hour: float | None = Field(None, ge=0, description="$ per GPU-hour of pod running time, for the "
                                              "cost report (default 0; the coreweave profile: its list price)")
+
+    @field_validator("context")
+    @classmethod
+    def _context(cls, v: str | None) -> str | None:
+        if v is not None and (not v or has_control(v) or len(v) > 253):
+            raise ValueError("is not a kubeconfig context name (one line of text, no control characters; "
+                             "`kubectl config get-contexts` lists them)")
+        return v
 
     @field_validator("namespace", "priority_class", "queue", "service_account")
     @classmethod
@@ -116,12 +153,33 @@ class KubernetesOptions(BaseModel):
             raise ValueError("is not a qualified name like nvidia.com/gpu")
         return v
 
+    @field_validator("node_selector", mode="before")
+    @classmethod
+    def _raw_labels(cls, v: Any) -> Any:  # before stripping: a key's trailing newline is no label either
+        if isinstance(v, dict):
+            for k, val in v.items():
+                if (isinstance(k, str) and has_control(k)) or (isinstance(val, str) and has_control(val)):
+                    raise ValueError(f"{str(k)[:40]!r}: a label key or value holds a control character (newline, "
+                                     "NUL, escape); write label keys like example.com/pool, values like gpu-a")
+        return v
+
     @field_validator("node_selector")
     @classmethod
     def _labels(cls, v: dict[str, str]) -> dict[str, str]:
-        for k in v:
+        for k, val in v.items():
             if not _QUALIFIED.match(k):
-                raise ValueError(f"{k!r} is not a label key")
+                raise ValueError(f"{k!r} is not a label key (a qualified name like example.com/pool, no control "
+                                 "characters)")
+            if not _LABEL_VALUE.match(val):
+                raise ValueError(f"the value of {k!r} is not a label value (at most 63 of letters, digits, '-', "
+                                 "'_', '.'; no control characters)")
+        return v
+
+    @field_validator("volumes")
+    @classmethod
+    def _distinct_mounts(cls, v: list[Volume]) -> list[Volume]:
+        if twice := duplicates([x.mount for x in v]):
+            raise ValueError(f"mount {twice} given more than once; give each volume its own folder")
         return v
 
     # ---- what the profile decides --------------------------------------------------------------
@@ -158,7 +216,8 @@ def parse_options(spec: ClusterSpec) -> KubernetesOptions:
         opts = KubernetesOptions.model_validate(raw or {})
     except ValidationError as e:
         err = translate_validation_error(e, KubernetesOptions)
-        msg = err.message.replace("invalid spec: ", "invalid spec: kubernetes.").replace("; ", "; kubernetes.")
+        fields = "|".join(KubernetesOptions.model_fields)  # a problem starts with its field; a "; " inside one stays
+        msg = re.sub(rf"(invalid spec: |; )(?=(?:{fields})\b)", r"\1kubernetes.", err.message)
         raise ConfigError(msg, hint=err.hint, field=f"kubernetes.{err.field}") from None
     if spec.resources.use_spot:
         raise ConfigError("resources.use_spot: true — spot capacity on Kubernetes is the node pool's business",

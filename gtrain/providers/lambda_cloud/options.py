@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -21,6 +22,15 @@ class LambdaOptions(CloudOptions):
     file_system_names: list[str] = Field(default_factory=list, max_length=1,
                                          description="a Lambda file system to attach (it must be in the region)")
     boot_timeout_s: float = Field(1200, gt=0, description="how long an instance may take to become active")
+
+    @field_validator("file_system_names")
+    @classmethod
+    def _fs_names(cls, v: list[str]) -> list[str]:
+        for n in v:
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9 ._-]{0,59}", n):
+                raise ValueError(f"{n[:40]!r} is not a Lambda file system name (up to 60 of letters, digits, ' ', "
+                                 "'.', '_', '-'; no newline, NUL or other control character)")
+        return v
 
     @field_validator("ssh_cidr")
     @classmethod

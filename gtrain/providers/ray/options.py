@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gtrain.errors import ConfigError
+from gtrain.spec import ENV_NAME_RE, RESERVED_ENV
+from gtrain.spec.data import has_control, system_dir, url_credentials
 
 if TYPE_CHECKING:
     from gtrain.spec import ClusterSpec
@@ -18,6 +20,10 @@ if TYPE_CHECKING:
 PLACEMENTS = {"strict_spread": "STRICT_SPREAD", "spread": "SPREAD"}
 #: runtime_env keys gtrain owns (the job's working_dir is the workdir it uploads)
 OWNED_RUNTIME_ENV = ("working_dir",)
+#: the runtime_env keys Ray documents (docs.ray.io, "Runtime environments": the API reference)
+RUNTIME_ENV_KEYS = ("pip", "uv", "conda", "env_vars", "py_modules", "py_executable", "excludes", "image_uri",
+                    "container", "config", "nsight", "java_jars", "worker_process_setup_hook")
+_SECRET_HINT = "the Jobs API address holds no secrets; put a token in job.secrets (the ranks get it as env)"
 _SAFE_PATH = re.compile(r"^/[A-Za-z0-9_./-]+$")
 _RESOURCE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:/-]{0,127}$")
 
@@ -47,7 +53,10 @@ class RayOptions(BaseModel):
     @field_validator("address")
     @classmethod
     def _address(cls, v: str | None) -> str | None:
-        if v is not None and not re.match(r"^https?://[^\s/]+(/[^\s]*)?$", v):
+        if v is not None and url_credentials(v):
+            raise ConfigError("invalid spec: ray.address: credentials or a token in the URL are refused (the "
+                              "value is not shown)", hint=_SECRET_HINT, field="ray.address")
+        if v is not None and not re.match(r"^https?://[^\s/@]+(/[^\s]*)?\Z", v):
             raise ValueError("must be the Ray dashboard's http(s) address, e.g. http://head:8265")
         return v.rstrip("/") if v else v
 
@@ -56,6 +65,9 @@ class RayOptions(BaseModel):
     def _root(cls, v: str) -> str:
         if not _SAFE_PATH.match(v) or v.rstrip("/") in ("", "/tmp") or ".." in v.split("/"):
             raise ValueError("must be an absolute path of letters, digits, '_', '.', '/', '-' (not / or /tmp)")
+        if (sysdir := system_dir(v)) or len([p for p in v.split("/") if p not in ("", ".")]) < 2:
+            where = f"is in the system folder {sysdir}" if sysdir else "is a top-level folder"
+            raise ValueError(f"{where}; give a folder of gtrain's own, e.g. /tmp/gtrain-ray")
         return v.rstrip("/")
 
     @field_validator("driver_python")
@@ -78,9 +90,22 @@ class RayOptions(BaseModel):
         owned = [k for k in OWNED_RUNTIME_ENV if k in v]
         if owned:
             raise ValueError(f"sets {owned[0]}, which gtrain sets (the job.workdir); remove it")
+        unknown = [k for k in v if k not in RUNTIME_ENV_KEYS]
+        if unknown:
+            raise ValueError(f"{str(unknown[0])[:40]!r} is not a runtime_env key Ray knows; use "
+                             + ", ".join(RUNTIME_ENV_KEYS))
         env = v.get("env_vars")
         if env is not None and not (isinstance(env, dict) and all(isinstance(x, str) for x in env.values())):
             raise ValueError("env_vars must map names to strings")
+        for k, val in (env or {}).items():
+            if not isinstance(k, str) or not ENV_NAME_RE.fullmatch(k):
+                raise ValueError(f"env_vars: {str(k)[:40]!r} is not an environment variable name (letters, "
+                                 "digits, _)")
+            if k in RESERVED_ENV or k.startswith("GTRAIN_"):
+                raise ValueError(f"env_vars: {k!r} is set by gtrain or the launcher on every rank (GTRAIN_* is "
+                                 "reserved); pick another name")
+            if "\x00" in val:
+                raise ValueError(f"env_vars: the value of {k!r} holds a NUL byte")
         return v
 
     def job_address(self) -> str:
@@ -103,6 +128,9 @@ def resolve_address(address: str | None) -> str:
     if not env:
         raise ConfigError("ray.address: not set and RAY_ADDRESS is empty", field="ray.address",
                           hint="ray.address: http://HEAD:8265 (the Ray dashboard, which serves the Jobs API)")
+    if url_credentials(env) or has_control(env):
+        raise ConfigError("ray.address: RAY_ADDRESS holds credentials, a token or control characters (the value "
+                          "is not shown)", field="ray.address", hint=_SECRET_HINT)
     if not re.match(r"^https?://[^\s/]+", env):
         raise ConfigError(f"ray.address: RAY_ADDRESS is {env!r}, not the Jobs API's http address",
                           field="ray.address", hint="RAY_ADDRESS=http://HEAD:8265 (the dashboard port, not the "
@@ -118,7 +146,8 @@ def parse_options(spec: ClusterSpec) -> RayOptions:
         opts = RayOptions.model_validate(raw or {})
     except ValidationError as e:
         err = translate_validation_error(e, RayOptions)
-        msg = err.message.replace("invalid spec: ", "invalid spec: ray.").replace("; ", "; ray.")
+        fields = "|".join(RayOptions.model_fields)  # a problem starts with its field; a "; " inside one stays
+        msg = re.sub(rf"(invalid spec: |; )(?=(?:{fields})\b)", r"\1ray.", err.message)
         raise ConfigError(msg, hint=err.hint, field=f"ray.{err.field}") from None
     if spec.resources.use_spot:
         raise ConfigError("resources.use_spot: true — the Ray cluster's nodes are its owner's business",
