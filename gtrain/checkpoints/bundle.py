@@ -10,7 +10,8 @@ from functools import lru_cache
 from pathlib import Path
 
 BUNDLE = "gtrain-ckpt.pyz"
-_MINE = ("checkpoints/__init__.py", "checkpoints/store.py", "checkpoints/node.py")
+_MINE = ("checkpoints/__init__.py", "checkpoints/store.py", "checkpoints/sharded.py",
+         "checkpoints/node.py")
 _MAIN = "import sys\nfrom gtrain.checkpoints.node import main\nsys.exit(main())\n"
 
 

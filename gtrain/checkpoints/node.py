@@ -33,6 +33,7 @@ import threading
 import time
 from pathlib import Path
 
+from gtrain.checkpoints.sharded import FRAMEWORK_DOTFILES, dcp_finished, requires
 from gtrain.checkpoints.store import META_DIR, Store, pointer_target
 from gtrain.errors import GtrainError
 
@@ -45,7 +46,8 @@ def _say(msg: str) -> None:
 
 
 def entries(root: Path) -> dict[str, list[str]]:
-    """Checkpoint name -> its files (relative to root); markers and hidden / temp files left out."""
+    """Checkpoint name -> its files (relative to root); markers and hidden / temp files left out, but not the
+    dot-files a framework writes as part of a checkpoint folder (DCP's ``.metadata``)."""
     out: dict[str, list[str]] = {}
     try:
         names = sorted(os.listdir(root))
@@ -59,7 +61,8 @@ def entries(root: Path) -> dict[str, list[str]]:
             out[name] = [name]
         elif p.is_dir():
             files = [str(f.relative_to(root)) for f in sorted(p.rglob("*"))
-                     if f.is_file() and not f.name.startswith(".")]
+                     if f.is_file() and (not f.name.startswith(".") or f.name in FRAMEWORK_DOTFILES)
+                     and not f.name.endswith((".tmp", ".partial"))]
             if files:
                 out[name] = files
     return out
@@ -86,10 +89,11 @@ def open_files() -> set[str]:
 def complete(root: Path, name: str, files: list[str], *, settle_s: float, final: bool) -> bool:
     """Marked done; else a single file (``ckpt.pt``, maybe rewritten in place every second) once no process
     holds it open: a completed write, snapshotted before upload; else (a folder, written file by file)
-    (``final``: the job is over and succeeded) closed, else closed and unchanged for ``settle_s``."""
+    (``final``: the job is over and succeeded) closed, else closed and unchanged for ``settle_s``; a DCP folder
+    whose ``.metadata`` (written last, once every rank finished) is newer than its other files: closed."""
     if (root / f"{name}{DONE_SUFFIX}").exists():
         return True
-    if files == [name]:
+    if files == [name] or dcp_finished(root, name, files):
         final = True
     now = time.time()
     try:
@@ -193,7 +197,8 @@ class Uploader:
                     continue  # rewritten while it was copied: the next pass takes the next completed write
                 steps = {n for n, fs in entries(self.root).items() if fs != [n]}
                 points_to = pointer_target(src / name, steps) if files == [name] else None
-                doc = self.store.upload(self.node, src, name, files, attempt=self.attempt, points_to=points_to)
+                doc = self.store.upload(self.node, src, name, files, attempt=self.attempt, points_to=points_to,
+                                        requires=requires(src, name, files) if files != [name] else None)
             except (GtrainError, OSError) as e:
                 _say(f"upload of {name} failed (retried next pass): {getattr(e, 'message', e)}")
                 continue
