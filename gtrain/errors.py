@@ -130,3 +130,37 @@ def dotted_path(parts: Iterable[object]) -> str:
             continue
         out += f"[{part}]" if isinstance(part, int) else ("." if out else "") + str(part)
     return out
+
+
+#: the distribution's name (pyproject.toml). Not yet published: the ``gtrain`` on PyPI is an unrelated project,
+#: so an install hint never names the index unless this gtrain came from it (:func:`install_hint`)
+DIST = "gtrain-cli"
+
+
+def install_hint(extra: str) -> str:
+    """How to add ``extra`` to this gtrain, from where it was installed (PEP 610's ``direct_url.json``): its
+    checkout, its wheel, its git URL, or the index only where it came from the index."""
+    import json
+    from importlib.metadata import PackageNotFoundError, distribution
+    from pathlib import Path
+    from urllib.parse import unquote, urlparse
+
+    try:
+        raw = distribution(DIST).read_text("direct_url.json")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        root = Path(__file__).resolve().parents[1]
+        return f"pip install -e '{root}[{extra}]'" if (root / "pyproject.toml").is_file() else \
+            f"pip install -e './gtrain[{extra}]' (from a checkout of gtrain)"
+    if not raw:
+        return f"pip install '{DIST}[{extra}]'"
+    try:
+        d = json.loads(raw)
+    except ValueError:
+        return f"pip install '{DIST}[{extra}]'"
+    url = str(d.get("url") or "")
+    if "vcs_info" in d:
+        return f"pip install '{DIST}[{extra}] @ {d['vcs_info'].get('vcs', 'git')}+{url}'"
+    where = unquote(urlparse(url).path) if url.startswith("file://") else url
+    editable = bool((d.get("dir_info") or {}).get("editable"))
+    return f"pip install {'-e ' if editable else ''}'{where}[{extra}]'"
+

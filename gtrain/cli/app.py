@@ -201,5 +201,7 @@ def main() -> None:
             err("Hint: this is a bug in gtrain; run again with GTRAIN_DEBUG=1 for the traceback and report it")
             sys.exit(1)
         mod, name = extra
-        msg, hint = f"this needs the `{name}` extra ({mod} is not installed)", f"pip install 'gtrain[{name}]'"
+        from gtrain.errors import install_hint
+
+        msg, hint = f"this needs the `{name}` extra ({mod} is not installed)", install_hint(name)
         _exit_with({"error": "MissingExtra", "message": msg, "hint": hint, "extra": name, "module": mod}, msg, hint, 2)

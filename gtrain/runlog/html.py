@@ -118,8 +118,10 @@ def render_report(run: RunData) -> str:
     """The report as one HTML document."""
     from importlib.metadata import PackageNotFoundError, version
 
+    from gtrain.errors import DIST
+
     try:
-        __version__ = version("gtrain")
+        __version__ = version(DIST)
     except PackageNotFoundError:
         __version__ = "dev"
 

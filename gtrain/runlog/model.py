@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gtrain.errors import install_hint
 from gtrain.runlog.parse import (
     ParseStats,
     Point,
@@ -291,7 +292,7 @@ def load_metrics(folder: Path, *, log_keys: Sequence[str] = (), stats: ParseStat
         for path in tb:
             points += read_tensorboard(path, stats=st)
     elif tb and notes is not None:
-        notes.append(f"{len(tb)} TensorBoard event file(s) kept but not read: pip install 'gtrain[tensorboard]'")
+        notes.append(f"{len(tb)} TensorBoard event file(s) kept but not read: {install_hint('tensorboard')}")
     if log_keys:
         points += parse_kv_lines(_rank0_lines(folder), log_keys, stats=st)
     _merge(by, series_from_points(points))

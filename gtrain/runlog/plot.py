@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from gtrain.errors import ConfigError
+from gtrain.errors import ConfigError, install_hint
 
 if TYPE_CHECKING:
     from gtrain.runlog.model import RunData
@@ -32,7 +32,7 @@ def _plotext() -> Any:
     except ImportError as e:
         if e.name and e.name.split(".")[0] == "plotext" and "plotext" not in sys.modules:
             raise ConfigError("gtrain plot needs plotext, which is not installed", field="plot",
-                              hint="pip install 'gtrain[plot]'") from e
+                              hint=install_hint("plot")) from e
         raise
     except Exception:  # noqa: BLE001 - a plotext that needs its docs: import it whole
         for name in [m for m in sys.modules if m == "plotext" or m.startswith("plotext.")]:

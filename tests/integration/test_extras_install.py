@@ -21,13 +21,14 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(REPO)],
                    check=True, capture_output=True, timeout=300)
-    return next(out.glob("gtrain-*.whl"))
+    return next(out.glob("gtrain_cli-*.whl"))
 
 
 def _venv(tmp_path: Path, wheel: Path, extra: str, *, preinstalled: tuple[str, ...] = ()) -> Path:
-    """A clean venv with ``gtrain[extra]`` from the index. ``preinstalled``: distributions hard-linked from the
-    test environment first (their files only, never its site-packages on the path), for one the index would
-    bring at a size no test can afford (torch: PyPI's build pulls ~2.5 GiB of CUDA wheels)."""
+    """A clean venv with ``gtrain-cli[extra]`` (the wheel; its dependencies from the index). ``preinstalled``:
+    distributions hard-linked from the test environment first (their files only, never its site-packages on the
+    path), for one the index would bring at a size no test can afford (torch: PyPI's build pulls ~2.5 GiB of
+    CUDA wheels)."""
     v = tmp_path / f"venv-{extra}"
     if v.exists():
         return v

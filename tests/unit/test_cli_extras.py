@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from gtrain.errors import install_hint
+
 BLOCKER = """
 import sys
 
@@ -46,7 +48,7 @@ def test_ssh_provider_without_paramiko_names_the_extra(tmp_path: Path) -> None:
     spec.write_text(SSH_SPEC)
     r = run_blocked(tmp_path, ["paramiko"], "up", str(spec))
     assert r.returncode == 2, r.stderr
-    assert "this needs the `ssh` extra" in r.stderr and "pip install 'gtrain[ssh]'" in r.stderr
+    assert "this needs the `ssh` extra" in r.stderr and install_hint("ssh") in r.stderr
     assert "bug in gtrain" not in r.stderr and "Traceback" not in r.stderr
 
 
@@ -56,7 +58,7 @@ def test_missing_extra_under_json_is_one_document(tmp_path: Path) -> None:
     r = run_blocked(tmp_path, ["paramiko"], "up", str(spec), "--json")
     assert r.returncode == 2, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["error"] == "MissingExtra" and doc["extra"] == "ssh" and doc["hint"] == "pip install 'gtrain[ssh]'"
+    assert doc["error"] == "MissingExtra" and doc["extra"] == "ssh" and doc["hint"] == install_hint("ssh")
 
 
 @pytest.mark.parametrize(("module", "extra"), [("paramiko", "ssh"), ("botocore", "aws"), ("boto3", "aws"),
@@ -79,7 +81,7 @@ def test_extras_are_complete(repo_root: Path) -> None:
         out: set[str] = set()
         for d in extras[extra]:
             name = d.split(">")[0].split("[")[0].split("=")[0].strip().lower()
-            if name == "gtrain":  # a self-reference: gtrain[a,b]
+            if name == "gtrain-cli":  # a self-reference: gtrain-cli[a,b]
                 for sub in d.split("[", 1)[1].rstrip("]").split(","):
                     out |= names(sub.strip())
             else:
@@ -133,8 +135,10 @@ def test_readme_first_screen_says_how_to_install_and_which_extra_each_provider_n
 
     head, rows = readme_install()
     assert head.index("make demo") < head.index("**Install**")  # the tour commands stay on top
-    for line in ("pipx install 'gtrain[aws]'", "uv tool install 'gtrain[gcp]'", "pip install 'gtrain["):
+    for line in ("pipx install './gtrain[aws]'", "uv tool install './gtrain[gcp]'", "pip install -e './gtrain[ssh]'"):
         assert line in head
+    # never the index's `gtrain` (an unrelated project): the distribution is gtrain-cli, from a checkout
+    assert "pip install 'gtrain" not in head and "`gtrain-cli`" in head
     assert set(rows) == set(REGISTRY)  # every built-in provider, nothing else
     extras = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"][
         "optional-dependencies"]
@@ -144,5 +148,5 @@ def test_readme_first_screen_says_how_to_install_and_which_extra_each_provider_n
     spec = tmp_path / "lab.yaml"
     spec.write_text(SSH_SPEC)
     r = run_blocked(tmp_path, ["paramiko"], "up", str(spec))
-    assert r.returncode == 2 and f"pip install 'gtrain[{rows['ssh']}]'" in r.stderr, r.stderr
+    assert r.returncode == 2 and install_hint(rows["ssh"]) in r.stderr, r.stderr
 

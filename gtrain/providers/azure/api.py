@@ -29,7 +29,15 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from gtrain.errors import CapacityError, ConfigError, CredentialsError, GtrainError, ProviderError, QuotaError
+from gtrain.errors import (
+    CapacityError,
+    ConfigError,
+    CredentialsError,
+    GtrainError,
+    ProviderError,
+    QuotaError,
+    install_hint,
+)
 from gtrain.providers.cloud.errors import code_of, with_code
 
 ARM = "https://management.azure.com"
@@ -126,7 +134,7 @@ class ARM_Client:  # noqa: N801 - ARM is a name
                 except ImportError:
                     raise CredentialsError("azure: no credentials: azure-identity is not installed and "
                                            f"{TOKEN_ENV} is not set",
-                                           hint="pip install 'gtrain[azure]', then `az login`") from None
+                                           hint=f"{install_hint('azure')}, then `az login`") from None
                 import logging
 
                 # azure-identity logs each failed credential to stderr (Python's last-resort handler): the one
