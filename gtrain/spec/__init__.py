@@ -283,8 +283,8 @@ class Policies(_Model):
 class ClusterSpec(_Model):
     name: str = Field(..., description="the cluster's name: 1-40 of `a-z`, `0-9`, `-`; starts with a letter, "
                       "does not end with `-`; `--name` overrides it")
-    provider: str = Field("local", description="a registered provider (`local`, `ssh`, `aws`, `gcp`, `slurm`, "
-                          "`kubernetes`, or one from a plug-in)")
+    provider: str = Field("local", description="a registered provider (`gtrain/registry.py`: `local`, `ssh`, `aws`, "
+                          "`gcp`, `azure`, `lambda`, `slurm`, `kubernetes`, `ray`), or a plug-in's")
     num_nodes: Int = Field(1, ge=1, le=MAX_NODES, description="nodes of the cluster (local: at most 16)")
     resources: Resources = Field(default_factory=lambda: Resources(), description="see [resources](#resources)")
     job: Job | None = Field(None, description="see [job](#job); `up` does without it, `launch` and `run` need it")

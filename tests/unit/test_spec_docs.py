@@ -31,3 +31,17 @@ def test_a_changed_model_makes_the_check_fail() -> None:
     finally:
         f.description = old
     assert "provider (only that one)" in specdoc.table(ClusterSpec)
+
+
+def test_the_spec_page_names_every_registered_provider() -> None:
+    """The example's `provider:` comment and the "provider." paragraph list what gtrain/registry.py registers
+    (a stale list told users kubernetes, azure, lambda and ray did not exist)."""
+    from gtrain.registry import REGISTRY
+
+    text = specdoc.DOC.read_text(encoding="utf-8")
+    comment = next(line for line in text.splitlines() if line.startswith("provider: local"))
+    para = text.split("**provider.**", 1)[1].split("\n\n", 1)[0]
+    for name in REGISTRY:
+        assert name in comment.split("#", 1)[1], (name, comment)
+        assert f"`{name}`" in para, name
+
