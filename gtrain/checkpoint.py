@@ -34,7 +34,34 @@ def done(path: str | os.PathLike[str]) -> str:
 
 
 def resume_from() -> str:
-    """The checkpoint restored before this launch (``GTRAIN_RESUME_FROM``), or "" on a fresh start."""
+    """The checkpoint restored before this launch (``GTRAIN_RESUME_FROM``), or "" on a fresh start.
+
+    A sharded trainer gets the path of the whole step folder, on every node, with every node's files of it (a DCP
+    ``step-N/`` with ``.metadata`` and every rank's ``__R_0.distcp``; a DeepSpeed ``global_stepN/`` beside
+    ``latest``), whatever the number of nodes and ranks that wrote it. What to call with it:
+
+    - FSDP2 / torch.distributed.checkpoint, on every rank (DCP reshards at load: another number of nodes or
+      ranks than the one that saved it loads too)::
+
+          if path := checkpoint.resume_from():
+              msd, osd = get_state_dict(model, optim)
+              state = {"model": msd, "optim": osd}
+              dcp.load(state, checkpoint_id=path)
+              set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+      ``dcp.save`` and ``dcp.async_save`` both work: a step counts only once DCP's ``.metadata`` and every
+      shard it names are in the store, so a save killed mid-write is never restored (the previous step is).
+      Give ``async_save`` a process group of its own (``dist.new_group(backend="gloo")``) and wait for its
+      future before the next save and before exiting.
+    - On one machine, after ``gtrain pull`` (no process group: DCP then reads every shard in this process)::
+
+          state = {"model": plain_model.state_dict()}
+          dcp.load(state, checkpoint_id="out/step-20", no_dist=True)
+          # or one torch.save file: torch.distributed.checkpoint.format_utils.dcp_to_torch_save(dir, "full.pt")
+
+    - DeepSpeed: ``engine.load_checkpoint(os.path.dirname(path))`` (``latest`` names the step restored), on the
+      same world size; for another, see docs/durable.md ("Sharded checkpoints": ``ds_to_universal``).
+    """
     return os.environ.get("GTRAIN_RESUME_FROM", "")
 
 

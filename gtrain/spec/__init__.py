@@ -161,8 +161,8 @@ class Job(_Model):
         None, description="`s3://bucket[/prefix]`, `gs://…` or `az://container[/prefix]`: nodes upload checkpoints "
         "there and restore from it; see docs/durable.md")
     run_id: Annotated[str | None, AfterValidator(check_run_id)] = Field(
-        None, description="the run the checkpoints in `checkpoint_store` belong to (a relaunch resumes it); "
-        "default: `run-` + a hash of `run` and `checkpoint_dir`; see docs/durable.md")
+        None, description="the run the checkpoints in `checkpoint_store` belong to (a relaunch resumes it; "
+        "`CLUSTER/ID`: another cluster's run); default: `run-` + a hash of `run` and `checkpoint_dir`")
     checkpoint_tuning: CheckpointTuning | None = Field(
         None, description="`{settle_s: 10, poll_s: 2, notice_poll_s: 5}`: the uploader's timings; see docs/durable.md")
     python: str | None = Field(None, description="interpreter on the nodes (default: python3; local: this one)")

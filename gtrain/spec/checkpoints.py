@@ -89,13 +89,13 @@ def check_store(v: str | None) -> str | None:
     return v
 
 
-RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+RUN_ID_RE = re.compile(r"^(?:[a-z][a-z0-9-]{0,38}[a-z0-9]/|[a-z]/)?[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 
 
 def check_run_id(v: str | None) -> str | None:
     if v is not None and not RUN_ID_RE.match(v):
         raise ValueError("must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit "
-                         "(e.g. gpt2-small)")
+                         "(e.g. gpt2-small), or CLUSTER/RUN_ID: that run of another cluster (e.g. big/gpt2-small)")
     return v
 
 
@@ -110,5 +110,8 @@ def default_run_id(run: str, checkpoint_dir: str) -> str:
 
 def run_key(cluster: str, run_id: str | None, run: str, checkpoint_dir: str) -> str:
     """The run's folder in the checkpoint store: ``<cluster>/<run_id>``. Checkpoints belong to the run, not to
-    one launch (job): a relaunch resumes from them; ``--fresh`` starts the run over."""
+    one launch (job): a relaunch resumes from them; ``--fresh`` starts the run over. A ``run_id`` of the form
+    ``<other-cluster>/<id>`` is that cluster's run: a cluster of another shape (or name) resumes and continues it."""
+    if run_id and "/" in run_id:
+        return run_id
     return f"{cluster}/{run_id or default_run_id(run, checkpoint_dir)}"
