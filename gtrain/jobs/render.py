@@ -44,7 +44,18 @@ def render_all(ctx: NodeContext) -> dict[str, str]:
     if ctx.setup:
         out["setup.sh"] = render("setup.sh", ctx)
     out.update(metrics_files())  # py/gtrain/metrics.py: `import gtrain.metrics` works on every rank
+    if ctx.secret_names:  # launch.sh and rank.sh write the job's output through it (the secrets masked)
+        out["mask.py"] = mask_source()
     return out
+
+
+def mask_source() -> str:
+    """The node's output filter (:mod:`gtrain.remote.nodemask`, stdlib only), shipped as ``JOB/mask.py``."""
+    from pathlib import Path
+
+    from gtrain.remote import nodemask
+
+    return Path(nodemask.__file__).read_text(encoding="utf-8")
 
 
 def metrics_files() -> dict[str, str]:

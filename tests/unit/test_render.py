@@ -78,9 +78,15 @@ def test_every_value_arrives_byte_for_byte_and_runs_nothing(tmp_path: Path) -> N
     assert (work / "ck pt").is_dir()
 
 
-def test_secret_values_never_rendered() -> None:
-    for text in render_all(ctx(secret_names=["HF_TOKEN", "WANDB_API_KEY"])).values():
-        assert "HF_TOKEN" not in text or "HF_TOKEN|WANDB_API_KEY)" in text or "HF_TOKEN)" in text
+def test_secret_values_never_rendered(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf-s3cr3t-value")
+    files = render_all(ctx(secret_names=["HF_TOKEN", "WANDB_API_KEY"]))
+    for text in files.values():
+        assert "hf-s3cr3t-value" not in text
+    # names only: the case of _env.sh, and the masking filter's `env -u` and fd-3 records (gtrain.remote.nodemask)
+    assert "HF_TOKEN|WANDB_API_KEY)" in files["launch.sh"]
+    assert "env -u HF_TOKEN -u WANDB_API_KEY" in files["rank.sh"] and "mask.py" in files
+    assert "mask.py" not in render_all(ctx(secret_names=[]))
 
 
 def test_data_script_golden_and_quoted() -> None:

@@ -4,7 +4,8 @@
 ``dryrun`` renders every node's scripts from the shared templates (the same launcher lines as every other
 backend; bundle K's node IP filled in by the driver once the placement group is placed) and the job's
 submission; ``submit`` zips the workdir with the scripts and the driver, uploads it as the job's
-``working_dir`` and submits the job, the secrets in its ``runtime_env.env_vars``; ``describe`` reads the job's
+``working_dir`` and submits the job, the secrets in a one-off GCS package the driver reads and deletes (never in its
+runtime_env); ``describe`` reads the job's
 status and its driver's ``[gtrain]`` lines; ``log_iter`` reads the job's log, rank-prefixed lines; ``cancel``
 stops the job and waits until none of its actors is alive. See docs/providers/ray.md.
 """
@@ -137,7 +138,7 @@ class RayBackend(JobBackend):
         shown = {"entrypoint": f"{opts.driver_python} {DRIVER}", "submission_id": request.job_id,
                  "runtime_env": {**opts.runtime_env, "working_dir": "gcs://_ray_pkg_<hash of the workdir, "
                                  "the node scripts and the driver>.zip",
-                                 "env_vars": {**env_vars, **{s: "<secret, from this shell>" for s in job.secrets}}},
+                                 "env_vars": env_vars},
                  "metadata": self.metadata(request.job_id), "driver": driver_plan}
         out: dict[int, dict[str, str]] = {0: {"ray-job.json": json.dumps(shown, indent=2)}}
         for k, named in files.items():
@@ -175,6 +176,7 @@ class RayBackend(JobBackend):
 
             put("driver.py", (here / "driver.py").read_bytes())
             put("nodeside.py", (here.parent.parent / "remote" / "nodeside.py").read_bytes())
+            put("nodemask.py", (here.parent.parent / "remote" / "nodemask.py").read_bytes())
             put("plan.json", json.dumps({**plan.private["driver"], "submission_id": submission_id}).encode())
             for k, named in plan.private["files"].items():
                 for fname, text in named.items():
@@ -191,8 +193,6 @@ class RayBackend(JobBackend):
         return f"_ray_pkg_{hashlib.sha1(data).hexdigest()[:32]}.zip", data
 
     def submit(self, plan: JobPlan, report: Reporter | None = None) -> str:
-        import os
-
         rep = report or SILENT
         api = self.api
         attempt = int(plan.info.get("attempt") or 1)
@@ -202,11 +202,12 @@ class RayBackend(JobBackend):
             tries += 1
             sid = f"{base}-{tries}"
         plan.private["driver"]["attempt"] = attempt
-        name, data = self.package(plan, sid)
-        uri = api.upload_package(name, data)
         job = plan.request.spec.job
         assert job is not None
-        env_vars = {**plan.private["env_vars"], **{s: os.environ[s] for s in job.secrets}}
+        plan.private["driver"]["secrets_uri"] = self._upload_secrets(api, job.secrets)
+        name, data = self.package(plan, sid)
+        uri = api.upload_package(name, data)
+        env_vars = dict(plan.private["env_vars"])  # never the secrets: a job's runtime_env is public
         runtime_env = {**plan.private["runtime_env"], "working_dir": uri}
         if env_vars:
             runtime_env["env_vars"] = env_vars
@@ -221,6 +222,18 @@ class RayBackend(JobBackend):
                  f"({len(data) // 1024} KiB working_dir)")
         self._wait_runtime_env(sid, rep)
         return plan.job_id
+
+    @staticmethod
+    def _upload_secrets(api: RayAPI, names: list[str]) -> str | None:
+        """The secrets as NUL-separated ``NAME=value`` records in a one-off package of the cluster's GCS under a
+        random name (not in the job's runtime_env, entrypoint or working_dir): the driver reads and deletes it."""
+        import os
+        import secrets
+
+        if not names:
+            return None
+        records = b"".join(f"{n}={os.environ[n]}".encode() + b"\x00" for n in names)
+        return api.upload_package(f"_ray_pkg_{secrets.token_hex(16)}.zip", records)
 
     def _wait_runtime_env(self, sid: str, rep: Reporter, limit_s: float = 600) -> None:
         """While Ray builds the job's runtime_env (PENDING): wait; a runtime_env that failed is the spec's."""

@@ -6,7 +6,9 @@ and gtrain's stdlib-only ``nodeside.py`` (shipped beside it), never gtrain itsel
    ``[gtrain] pending: ...`` with Ray's scheduling state while it waits, and failing after the pending timeout;
 2. starts one actor per bundle; each copies the working_dir into ``<root>/node-K/workdir``, writes node K's
    rendered scripts (bundle 0's node IP as the master address) and starts ``launch.sh`` detached with the
-   secrets (from the job's runtime_env ``env_vars``) on its stdin, and a watchdog that stops the node's part
+   secrets on its stdin (read once from the one-off GCS package ``plan["secrets_uri"]`` gtrain uploaded, then
+   deleted from the cluster: never in the job's runtime_env or entrypoint; every line the driver prints is masked
+   by ``nodemask.py``, shipped beside it, as the nodes' log files are), and a watchdog that stops the node's part
    of the job if the actor dies;
 3. polls the actors: every line of ``node.log`` and ``logs/rank-R.log`` printed as ``[gtrain-log K R] text``,
    each node's end as ``[gtrain] node-exit K STATE RC`` with ``[gtrain] rank-exit K R RC T`` per rank; a node
@@ -36,8 +38,29 @@ WATCH = ('while kill -0 "$1" 2>/dev/null; do sleep 0.5; done; '
          'exec "$2" "$3" cancel "$4" 2 >/dev/null 2>&1')
 
 
+MASK: list[Any] = []  # the pattern of the job's nodemask.Masker, once the secrets are read (no class of it:
+#                        the actors get this module's functions by value)
+
+
+def out(text: str) -> None:
+    if MASK and MASK[0] is not None:
+        text = MASK[0].sub(b"***", text.encode("utf-8", "surrogateescape")).decode("utf-8", "surrogateescape")
+    print(text, flush=True)
+
+
 def say(msg: str) -> None:
-    print(f"[gtrain] {msg}", flush=True)
+    out(f"[gtrain] {msg}")
+
+
+def take_secrets(uri: str | None) -> bytes:
+    """The job's ``NAME=value\\0`` records from the one-off package gtrain uploaded, deleted once read."""
+    if not uri:
+        return b""
+    from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_get
+
+    data = _internal_kv_get(uri) or b""
+    _internal_kv_del(uri)
+    return bytes(data)
 
 
 class NodePart:
@@ -63,7 +86,7 @@ class NodePart:
         return {"ip": ray.util.get_node_ip_address(), "node_id": ray.get_runtime_context().get_node_id(),
                 "pid": os.getpid()}
 
-    def start(self, ips: list[str]) -> str:
+    def start(self, ips: list[str], secrets: bytes = b"") -> str:
         os.makedirs(self.base, exist_ok=True)
         if os.path.exists(f"{self.job_dir}/pid"):  # an earlier attempt's folder: kept beside the new one
             os.replace(self.job_dir, f"{self.job_dir}.attempt-{int(time.time() * 1000)}")
@@ -90,7 +113,6 @@ class NodePart:
                 with open(f"{self.job_dir}/{rel}", "w") as f:
                     f.write(text)
                 os.chmod(f"{self.job_dir}/{rel}", 0o700)
-        secrets = b"".join(f"{n}={os.environ.get(n, '')}".encode() + b"\x00" for n in self.plan["secret_names"])
         launch = subprocess.Popen(["bash", "-c", 'exec bash "$1/launch.sh" >"$1/node.log" 2>&1', "_", self.job_dir],
                                   stdin=subprocess.PIPE, start_new_session=True, cwd=self.base)
         assert launch.stdin is not None
@@ -169,7 +191,17 @@ def main() -> int:
     def on_term(signum: int, frame: object) -> None:
         stopping["now"] = True
 
+    # read what this folder holds before ray.init: Ray's agent may unpack the job's working_dir again under it
+    # (seen: nodemask.py gone from the driver's folder right after ray.init on a 2-node job)
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gtrain_nodemask", os.path.join(HERE, "nodemask.py"))
+    assert spec is not None and spec.loader is not None
+    nodemask = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(nodemask)
     ray.init(log_to_driver=False)
+    secrets = take_secrets(plan.get("secrets_uri"))
+    MASK.append(nodemask.Masker([r.partition(b"=")[2] for r in secrets.split(b"\0") if r]).pattern)
     # after ray.init, which sets its own SIGTERM handler (sys.exit): a stop must end every node's part first
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
@@ -204,7 +236,7 @@ def main() -> int:
     for k, w in enumerate(where):
         say(f"placed node {k} on {w['ip']} (Ray node {w['node_id']})")
     ips = [w["ip"] for w in where]
-    ray.get([a.start.remote(ips) for a in actors])
+    ray.get([a.start.remote(ips, secrets) for a in actors])
     say(f"started on {n} node(s), master {ips[0]}")
     states: dict[int, dict] = {}
     lost: list[int] = []
@@ -232,7 +264,7 @@ def main() -> int:
                 say(f"node-lost {k}: the Ray node of bundle {k} ({ips[k]}) or its actor died: {cause}")
                 continue
             for tag, text in lines:
-                print(f"[gtrain-log {k} {tag}] {text}", flush=True)
+                out(f"[gtrain-log {k} {tag}] {text}")
             if st.get("state") in TERMINAL:
                 states[k] = st
                 for r, (rc, t) in sorted(st.get("ranks", {}).items(), key=lambda kv: int(kv[0])):

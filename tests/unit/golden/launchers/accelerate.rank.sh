@@ -13,8 +13,19 @@ launcher=$(cat /home/u/gtrain/demo/jobs/demo-20260101-000000-abcd/pid 2>/dev/nul
 # stopped was recorded as 143). This shell forwards TERM/INT/HUP to the rank itself.
 ranks=/home/u/gtrain/demo/jobs/demo-20260101-000000-abcd/ranks; mkdir -p "$ranks"; pidf="$ranks/${RANK}.pid"; rcf="$ranks/${RANK}.rc"
 rm -f "$pidf" "$rcf"
-( python3 -u "$@" >>"$log" 2>&1 </dev/null &
-  echo "$!" > "$pidf"; trap '' TERM INT HUP; wait "$!"; echo "$?" > "$rcf" ) &
+__gtrain_mask() {
+  env -u HF_TOKEN python3 /home/u/gtrain/demo/jobs/demo-20260101-000000-abcd/mask.py \
+    3< <(for __n in HF_TOKEN; do printf '%s=%s\0' "$__n" "${!__n:-}"; done)
+}
+
+# The rank's output reaches its log through __gtrain_mask (the job's secrets masked); the rank ends once it is written.
+( exec 4> >(__gtrain_mask >>"$log"); mask=$!
+  python3 -u "$@" >&4 2>&4 4>&- </dev/null &
+  p=$!; echo "$p" > "$pidf"; exec 4>&-; trap '' TERM INT HUP; wait "$p"; echo "$?" > "$rcf"
+  # the filter ends when the last writer closes; a process the rank left behind holding its output does not
+  # hold the rank's end: after 5 s the filter is ended (it ignores TERM)
+  for _ in $(seq 100); do kill -0 "$mask" 2>/dev/null || break; sleep 0.05; done
+  kill -KILL "$mask" 2>/dev/null; wait "$mask" 2>/dev/null ) &
 child=$!
 forward() {
   local p="" i

@@ -44,6 +44,12 @@ export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"
 export LR=0.01
 mkdir -p "$GTRAIN_CHECKPOINT_DIR"
 
+__gtrain_mask() {
+  env -u HF_TOKEN python3 /home/u/gtrain/demo/jobs/demo-20260101-000000-abcd/mask.py \
+    3< <(for __n in HF_TOKEN; do printf '%s=%s\0' "$__n" "${!__n:-}"; done)
+}
+
+exec > >(__gtrain_mask) 2>&1  # node.log: this script's, the launcher's and every child's output, secrets masked
 if [ "${GTRAIN_TELEMETRY:-1}" != 0 ] && { [ -n "${GTRAIN_NVIDIA_SMI:-}" ] || command -v nvidia-smi >/dev/null 2>&1 \
     || [ -r "${GTRAIN_RAPL_DIR:-/sys/class/powercap}/intel-rapl:0/energy_uj" ]; }; then
   mkdir -p "$JOB_DIR/telemetry"
