@@ -433,7 +433,7 @@ def cancel(cluster: str, *, job_id: str | None = None, report: Reporter | None =
 def exec_command(cluster: str, command: str, *, node: int | None = None,
                  on_line: Callable[[LogLine], None] | None = None, report: Reporter | None = None) -> dict[int, int]:
     """Run a shell command on every node (or one), in parallel, streaming lines. Returns node -> exit code."""
-    from gtrain.errors import ConfigError, GtrainError
+    from gtrain.errors import ConfigError, GtrainError, RemoteError
     from gtrain.jobs.backend import LogLine
     from gtrain.remote.fanout import parallel
 
@@ -470,9 +470,9 @@ def exec_command(cluster: str, command: str, *, node: int | None = None,
                 return runners[i].stream(
                     f"{node_env(i)}cd {shlex.quote(runners[i].root)}/workdir 2>/dev/null; {command}",
                     lambda text: emit(LogLine(i, None, text)))
-            except GtrainError as e:
+            except GtrainError as e:  # the command did not run: the code `gtrain ssh` gives for the same node
                 ctx.report.warn(f"node {i}: {e.message}")
-                return 255
+                return 255 if isinstance(e, RemoteError) else e.exit_code  # ssh's 255: the node was not reached
 
         return dict(zip(picked, parallel(one, picked), strict=True))
     finally:

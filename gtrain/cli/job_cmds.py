@@ -129,7 +129,7 @@ def _print_scripts(scripts: dict[int, dict[str, str]]) -> None:
         for name, text in files.items():
             if name != "command":
                 out.say(f"# ---- node {node}: {visible(name)} ----")
-                print(visible(scrub(text)), end="")
+                print(visible(scrub(text)), end="" if text.endswith("\n") else "\n")
 
 
 def _preview(spec: object, json_: bool) -> None:

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gtrain.errors import RemoteError
+from gtrain.errors import GtrainError
 from gtrain.remote.fanout import parallel
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ def read(cluster: Cluster, job: JobRecord, ctx: Context, samples: int = SAMPLES,
         jd = job_dir(r, job.id)
         try:
             doc = call_node(r, "telemetry", jd, str(samples), metrics or f"{jd}/metrics.jsonl", *extra, timeout=30)
-        except (RemoteError, ValueError) as e:
+        except (GtrainError, ValueError) as e:  # unreachable, or gone (a kubernetes pod after its job): a row
             return NodeTelemetry(i, error=getattr(e, "message", str(e)))
         return NodeTelemetry(i, list(doc.get("samples") or []), list(doc.get("metrics") or []),
                              energy=doc.get("energy"))

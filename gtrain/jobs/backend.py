@@ -225,6 +225,9 @@ class JobBackend(ABC):
     #: workers); each node probes, restores, uploads and flushes by itself, ``dryrun`` puts the run's store folder
     #: in ``plan.info["checkpoint_key"]`` and ``submit`` hands ``plan.info["attempt"]`` to the nodes.
     checkpoint_tool: str = "runners"
+    #: True where cancelling the job deletes its lines (kubernetes: the pods and their logs): `down` keeps a
+    #: running job's lines in the run archive before it stops the job, not only after.
+    logs_go_with_job: bool = False
 
     def __init__(self, provider: NodeProvider, cluster: Cluster) -> None:
         self.provider = provider

@@ -234,6 +234,9 @@ def archive_job(ctx: Context, cluster: Cluster, job: Job, *, max_mb: float | Non
                             tag = "-" if item.rank is None else str(item.rank)
                             f.write(f"{tag}\t{redact.scrub(item.text)}\n")
                             n += 1
+                if n == 0 and path.exists() and path.stat().st_size:  # its lines went with the job (pods
+                    tmp.unlink()  # deleted by a cancel): what was kept before stays
+                    return n, None
                 os.replace(tmp, path)
             except GtrainError as e:
                 tmp.unlink(missing_ok=True)

@@ -239,6 +239,12 @@ def _teardown(ctx: Context, provider: Provider, cluster: Cluster) -> list[str]:
     warnings: list[str] = []
     ctx.store.update_cluster(cluster.id, status="terminating")
     try:
+        early = ctx.backend(cluster).logs_go_with_job
+    except GtrainError:
+        early = False
+    if early:  # cancelling deletes the job's lines (kubernetes: the pods' logs): keep them before, not only after
+        _keep_runs(ctx, cluster, warnings, event=False)
+    try:
         cancel_active_jobs(cluster, ctx)
     except GtrainError as e:  # an unreachable node must not keep us from deleting what costs money
         warnings.append(f"could not stop jobs cleanly: {e.message}")
@@ -256,7 +262,7 @@ def _teardown(ctx: Context, provider: Provider, cluster: Cluster) -> list[str]:
     return warnings
 
 
-def _keep_runs(ctx: Context, cluster: Cluster, warnings: list[str]) -> None:
+def _keep_runs(ctx: Context, cluster: Cluster, warnings: list[str], *, event: bool = True) -> None:
     """Before the nodes go: every job's logs, metrics and telemetry into the run archive ($GTRAIN_HOME/runs),
     so `logs`, `plot` and `report` work on a cluster that is gone. Never stops a teardown."""
     from gtrain.runlog import archive
@@ -266,7 +272,8 @@ def _keep_runs(ctx: Context, cluster: Cluster, warnings: list[str]) -> None:
     except (GtrainError, OSError, ValueError) as e:
         warnings.append(f"could not keep the jobs' logs: {getattr(e, 'message', e)}")
         ctx.report.warn(warnings[-1])
-    ctx.event(cluster, "down")
+    if event:
+        ctx.event(cluster, "down")
 
 
 def _ended_on_their_own(cluster: Cluster, provider: Provider, ctx: Context) -> dict[int, float]:

@@ -1,5 +1,6 @@
 """A job previewed before its cluster exists (``launch --dry-run`` / ``run --dry-run`` on a spec alone): the
-provider's plan and price, and every node's scripts as the job backend renders them, with placeholders for
+provider's plan and price, and every node's scripts as the job backend renders them (a scheduler's too: the
+Slurm batch script, the Kubernetes manifests, the Ray job submission), with placeholders for
 what only real nodes know (``<node K address>``, ``<root>``: gtrain's folder on the node, ``<job-id>``, port
 29500). Touches nothing and calls no cloud: the plan comes from the catalog, the nodes are made up."""
 
@@ -78,10 +79,10 @@ def preview(spec: ClusterSpec, ctx: Context) -> Preview:
                       instance_type=plan.instance_type, market=plan.market, price_per_hour=plan.price_per_hour,
                       created_at=time.time(), terminated_at=None, extra={"base_dir": spec.base_dir})
     backend = provider.job_backend(cluster)
-    if not isinstance(backend, NodeScriptBackend):
-        raise ConfigError(f"provider {spec.provider!r} renders its job only for a cluster that is up",
-                          field="--dry-run", hint=f"gtrain up {spec.name}'s spec, then `gtrain launch SPEC --dry-run`")
-    backend._runners = [PreviewRunner(k, "<root>") for k in range(spec.num_nodes)]
+    if isinstance(backend, NodeScriptBackend):
+        backend._runners = [PreviewRunner(k, "<root>") for k in range(spec.num_nodes)]
+    # a scheduler's backend (slurm, kubernetes, ray) renders its batch script, manifests or job submission from
+    # the spec alone: what only its live cluster knows stays a placeholder (<root>, <cluster-id>, <job-id>)
     from gtrain.jobs.backend import JobRequest
 
     job_plan = backend.dryrun(JobRequest(cluster, spec, DRY_RUN_ID, workdir))

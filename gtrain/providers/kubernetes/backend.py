@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +37,10 @@ if TYPE_CHECKING:
     from gtrain.state import Job as JobRecord
 
 
+#: at most this many rank-exit markers end a pod's log (one per rank of the pod)
+_MARKERS_MAX = 256
+
+
 def ship_bundle() -> bytes:
     from gtrain.checkpoints.bundle import bundle
 
@@ -46,6 +50,7 @@ def ship_bundle() -> bytes:
 class KubernetesBackend(JobBackend):
     name = "kubernetes"
     checkpoint_tool = "plan"  # pods exist only once the Job is: its pods carry the tool (a ConfigMap)
+    logs_go_with_job = True  # cancel deletes the pods, and their logs with them: `down` keeps them first
     provider: KubeHost
 
     @property
@@ -246,7 +251,12 @@ class KubernetesBackend(JobBackend):
             phase = ((pod or {}).get("status") or {}).get("phase")
             if pod is not None and phase != "Pending":
                 pname = pod["metadata"]["name"]
-                lines = self._log_lines(pname, follow, tail if not follow and tail is not None else None)
+                if not follow and tail is not None:  # the last `tail` of the job's own lines: gtrain's rank-exit
+                    # markers end a pod's log (one per rank), so ask for that many more and drop them here
+                    got = list(self._log_lines(pname, False, tail + _MARKERS_MAX))
+                    lines: Iterable[str] = [x for x in got if not x.startswith(ko.RANK_EXIT)][-tail:] if tail else []
+                else:
+                    lines = self._log_lines(pname, follow, None)
                 count = 0
                 for text in lines:
                     count += 1
@@ -254,6 +264,8 @@ class KubernetesBackend(JobBackend):
                         continue
                     seen = count
                     if seen <= since:
+                        continue
+                    if text.startswith(ko.RANK_EXIT):  # gtrain's own marker (describe reads it), not the job's
                         continue
                     r, body = _split_rank(text)
                     if rank is None or r == rank:

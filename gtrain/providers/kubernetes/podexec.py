@@ -71,7 +71,8 @@ class PodRunner(Runner):
                  == str(self.rank))]
         if not live:
             raise ProviderError(f"kubernetes: node {self.rank} of {self.cluster.name} has no running pod (pods "
-                                "exist only while a job runs)", hint=f"`gtrain launch {self.cluster.name}` first")
+                                "exist only while a job runs)",
+                                hint=f"`gtrain launch --cluster {self.cluster.name}` first")
         return str(max(live, key=lambda p: str(p["metadata"].get("creationTimestamp") or ""))["metadata"]["name"])
 
     def _exec(self, cmd: str, stdin: bytes | None, stdout: BinaryIO, stderr: BinaryIO,

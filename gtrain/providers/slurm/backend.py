@@ -115,7 +115,8 @@ class SlurmBackend(JobBackend):
 
     @property
     def root(self) -> str:
-        return str(self.cluster.extra["slurm"]["root"])
+        """The cluster's folder in shared_dir; ``<root>`` in a dry run of a spec whose cluster is not up yet."""
+        return str((self.cluster.extra.get("slurm") or {}).get("root") or "<root>")
 
     def job_root(self, job_id: str) -> str:
         return f"{self.root}/jobs/{job_id}"
@@ -143,8 +144,10 @@ class SlurmBackend(JobBackend):
         job = request.spec.job
         if job is None or not job.image:
             return None
-        from gtrain.providers.slurm.containers import choose, detect
+        from gtrain.providers.slurm.containers import Found, choose, detect
 
+        if "slurm" not in self.cluster.extra:  # a dry run with no cluster: nothing to ask; auto shows pyxis
+            return choose(job, Found(pyxis=True, enroot=True, apptainer="apptainer", node="<node>"))
         return choose(job, detect(self.slurm, self.alloc))
 
     def submit(self, plan: JobPlan, report: Reporter | None = None) -> str:
