@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.fake_arm import FakeARM
+from tests.fixtures.sshd import cloud_login
 from tests.integration.node_relay import relay_hosts
 
 JOBS = Path(__file__).parent / "jobs"
@@ -32,7 +33,8 @@ def test_gtrain_run_two_nodes_two_processes_on_azure_vms(fake_arm: FakeARM, ssh_
     spec.write_text(json.dumps({
         "name": "az-e2e", "provider": "azure", "num_nodes": 2,
         "resources": {"accelerators": "T4:1", "region": "eastus", "disk_gb": 64},
-        "azure": {"ssh_user": hosts[0].user, "ssh_proxy_command": f"{sys.executable} {RELAY} azure {relay_dir} %h",
+        "azure": {"ssh_user": cloud_login(hosts[0].user),
+                  "ssh_proxy_command": f"{sys.executable} {RELAY} azure {relay_dir} %h",
                   "ssh_timeout_s": 60, "poll_s": 0.2},
         "job": {"workdir": str(work), "run": "probe.py", "nproc_per_node": 2, "checkpoint_dir": "ckpt",
                 "python": sys.executable, "env": {"OMP_NUM_THREADS": "1"}},

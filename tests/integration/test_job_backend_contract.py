@@ -28,6 +28,7 @@ from gtrain.context import Context
 from gtrain.jobs.backend import JobBackend, JobRequest, JobState, LogLine, NodeEnded
 from gtrain.spec import parse_spec
 from gtrain.state import Job as JobRecord
+from tests.fixtures.sshd import cloud_login
 
 JOBS = Path(__file__).parent / "jobs"
 RELAY = Path(__file__).parent / "node_relay.py"
@@ -86,7 +87,8 @@ def spec_for(provider: str, request: pytest.FixtureRequest, tmp: Path, work: Pat
         fake_arm.reset()
         os.environ.update(arm_env(fake_arm))  # until the module's cluster is down (removed there)
         base["resources"] = {"accelerators": "T4:1", "region": "eastus", "disk_gb": 64}
-        base["azure"] = {"ssh_user": picked[0].user, "ssh_proxy_command": f"{sys.executable} {RELAY} azure {relay} %h",
+        base["azure"] = {"ssh_user": cloud_login(picked[0].user),
+                         "ssh_proxy_command": f"{sys.executable} {RELAY} azure {relay} %h",
                          "ssh_timeout_s": 60, "poll_s": 0.2}
         return base
     section = {"ssh_user": picked[0].user,
