@@ -4,7 +4,11 @@
 ``regions.get`` returns the region's ``quotas``: ``{metric, limit, usage}`` per metric, GPUs as
 ``NVIDIA_<MODEL>_GPUS`` and, for spot/preemptible VMs, ``PREEMPTIBLE_NVIDIA_<MODEL>_GPUS``
 (https://cloud.google.com/compute/docs/reference/rest/v1/regions/get,
-https://cloud.google.com/compute/resource-usage#gpu_quota)."""
+https://cloud.google.com/compute/resource-usage#gpu_quota). The API's ``Quota.metric`` enum (compute v1; e.g.
+google-cloud-compute 1.57's ``Quota.Metric``) publishes NVIDIA_{T4,L4,P4,P100,V100,A100,A100_80GB}_GPUS, their
+PREEMPTIBLE_ twins, PREEMPTIBLE_NVIDIA_H100_GPUS and COMMITTED_NVIDIA_H100_GPUS, but no on-demand H100, H100 Mega,
+H200 or B200 metric: those quotas live in the Cloud Quotas API (per GPU family), not in ``regions.get``. So a
+metric the region does not list means "cannot tell" (the check passes), never zero quota."""
 
 from __future__ import annotations
 
@@ -22,12 +26,12 @@ def gpu_metric(accelerator_type: str, spot: bool) -> str:
 
 
 def shortfall(region: Any, metric: str, needed: int) -> str | None:
-    """Why ``region`` (a compute_v1 Region) cannot hold ``needed`` of ``metric``, or None when it can. A metric
-    the region does not list has no quota there (GCE lists every GPU metric a region offers)."""
+    """Why ``region`` (a compute_v1 Region) cannot hold ``needed`` of ``metric``, or None when it can or when
+    the region does not list the metric (cannot tell: the launch itself will say)."""
     quotas = {q.metric: q for q in getattr(region, "quotas", None) or []}
     q = quotas.get(metric)
     if q is None:
-        return f"quota {metric} is 0 in {region.name} ({needed} GPUs asked)"
+        return None
     free = float(q.limit) - float(q.usage)
     if free < needed:
         return (f"quota {metric} in {region.name}: {float(q.limit):g}, {float(q.usage):g} in use, {needed} GPUs "

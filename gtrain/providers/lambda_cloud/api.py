@@ -2,34 +2,39 @@
 https://cloud.lambda.ai/api/v1/docs, reference at https://docs.lambda.ai/api/cloud) over stdlib HTTP: no SDK.
 The one place its answers become gtrain's errors.
 
-What gtrain uses of it:
+What gtrain uses of it (API version 1.10.0):
 
 - ``GET /instance-types``: ``{"data": {NAME: {"instance_type": {"name", "description", "gpu_description",
   "price_cents_per_hour", "specs": {"vcpus", "memory_gib", "storage_gib", "gpus"}},
   "regions_with_capacity_available": [{"name", "description"}]}}}``;
 - ``POST /instance-operations/launch`` ``{"region_name", "instance_type_name", "ssh_key_names": [one],
-  "file_system_names", "quantity", "name"}`` -> ``{"data": {"instance_ids": [...]}}``;
+  "file_system_names", "name"}`` -> ``{"data": {"instance_ids": [...]}}`` (one instance: 1.10.0 lists no
+  ``quantity``);
 - ``POST /instance-operations/terminate`` ``{"instance_ids"}``; ``GET /instances``, ``GET /instances/{id}``
-  (``status``: booting, active, unhealthy, terminating, terminated; ``ip``, ``private_ip``, ``name``,
+  (``status``: booting, active, unhealthy, terminating, terminated, preempted; ``ip``, ``private_ip``, ``name``,
   ``region.name``, ``ssh_key_names``);
 - ``GET/POST /ssh-keys``, ``DELETE /ssh-keys/{id}``; ``GET /file-systems``.
 
 Errors are ``{"error": {"code", "message", "suggestion"}}``: ``global/invalid-api-key`` (401),
-``global/account-inactive`` (403), ``global/invalid-parameters`` (400), ``global/object-does-not-exist`` (404),
-``global/quota-exceeded``, ``instance-operations/launch/insufficient-capacity``, ``ssh-keys/key-in-use``; 429
-when over the rate limit (1 request/s, one launch every 10 s). The API key goes in an ``Authorization: Bearer``
-header only: it is never logged, stored or put in an error.
+``global/account-inactive`` (403), ``global/invalid-parameters`` (400), 404 as ``global/object-does-not-exist``
+(an instance, a launch's key or file system) or ``global/not-found`` (an SSH key to delete, other resources):
+both mean gone (:data:`GONE_CODES`); ``global/quota-exceeded``, ``instance-operations/launch/insufficient-capacity``,
+``ssh-keys/key-in-use``. Rate limits (the reference's introduction): about one request per second, and one
+``/instance-operations/launch`` per 12 s (five a minute); 429 above them. :class:`Pacer` spaces the calls of the
+whole process within them, and a 429 is retried after ``Retry-After`` (else a backoff). The API key goes in an
+``Authorization: Bearer`` header only: it is never logged, stored or put in an error.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from gtrain.errors import CapacityError, CredentialsError, GtrainError, ProviderError, QuotaError
 from gtrain.providers.cloud.errors import with_code
@@ -44,7 +49,16 @@ KEY_HINT = f"set {ENV_KEY}, or write `api_key = <key>` in {KEY_FILE} (make one a
 CAPACITY = "instance-operations/launch/insufficient-capacity"
 QUOTA = "global/quota-exceeded"
 NOT_FOUND = "global/object-does-not-exist"
+#: the other 404 code: DELETE /ssh-keys/{id} of a key already gone, and other missing resources
+NOT_FOUND_GENERIC = "global/not-found"
+#: the codes that mean "no such object": gone, as far as a teardown cares
+GONE_CODES = frozenset({NOT_FOUND, NOT_FOUND_GENERIC})
 KEY_IN_USE = "ssh-keys/key-in-use"
+#: gtrain's pacing of its own calls, "<seconds between requests>,<seconds between launches>" (default: Lambda's
+#: published limits plus a margin; a proxy or the tests' fake may set it shorter)
+ENV_PACE = "LAMBDA_API_PACE"
+REQUEST_INTERVAL_S = 1.0
+LAUNCH_INTERVAL_S = 12.0
 
 
 class NoAPIKey(CredentialsError):
@@ -70,6 +84,50 @@ def api_key() -> str:
         if sep and k.strip() == "api_key" and v.strip():
             return v.strip()
     raise NoAPIKey("no Lambda Cloud API key found", hint=KEY_HINT)
+
+
+def is_gone(e: BaseException) -> bool:
+    """Whether ``e`` is Lambda's 404 for an object that does not exist (either of its two codes)."""
+    return getattr(e, "code", None) in GONE_CODES
+
+
+class Pacer:
+    """Spaces the requests to one API endpoint, process-wide (the limits are the account's): at least
+    ``request_s`` between any two requests and ``launch_s`` between two launches, each with a small margin."""
+
+    _lock = threading.Lock()
+    _last: ClassVar[dict[str, float]] = {}
+
+    def __init__(self, where: str, request_s: float, launch_s: float) -> None:
+        self.where, self.request_s, self.launch_s = where, request_s, launch_s
+
+    @staticmethod
+    def from_env(where: str) -> Pacer:
+        raw = os.environ.get(ENV_PACE, "").strip()
+        req, launch = REQUEST_INTERVAL_S, LAUNCH_INTERVAL_S
+        if raw:
+            try:
+                a, _, b = raw.partition(",")
+                req, launch = max(0.0, float(a)), max(0.0, float(b or a))
+            except ValueError:
+                raise GtrainError(f"{ENV_PACE}={raw!r}: expected '<request seconds>,<launch seconds>'") from None
+        return Pacer(where, req, launch)
+
+    @staticmethod
+    def _gap(s: float) -> float:
+        return s * 1.05 + 0.02 if s > 0 else 0.0
+
+    def wait(self, launch: bool) -> None:
+        """Block until the next request (a launch when ``launch``) may go, and take its slot."""
+        with self._lock:
+            now = time.monotonic()
+            at = max(now, self._last.get(self.where, 0.0) + self._gap(self.request_s))
+            if launch:
+                at = max(at, self._last.get(self.where + " launch", 0.0) + self._gap(self.launch_s))
+                self._last[self.where + " launch"] = at
+            self._last[self.where] = at
+        if at > now:
+            time.sleep(at - now)
 
 
 def translate(status: int, body: Any, what: str) -> GtrainError:
@@ -105,6 +163,7 @@ class LambdaAPI:
         self.base_url = (base_url or os.environ.get(ENV_URL) or BASE_URL).rstrip("/")
         self.timeout = timeout
         self.max_429 = max_429
+        self.pacer = Pacer.from_env(self.base_url)
 
     @property
     def key(self) -> str:
@@ -116,6 +175,7 @@ class LambdaAPI:
         what = what or f"{method} {path}"
         data = json.dumps(body).encode() if body is not None else None
         for attempt in range(self.max_429 + 1):
+            self.pacer.wait(launch=path == "/instance-operations/launch")
             req = urllib.request.Request(f"{self.base_url}{path}", data=data, method=method, headers={
                 "Authorization": f"Bearer {self.key}", "Accept": "application/json",
                 **({"Content-Type": "application/json"} if data is not None else {})})
@@ -157,7 +217,7 @@ class LambdaAPI:
         try:
             out: dict[str, Any] = self.call("GET", f"/instances/{iid}", what=f"get instance {iid}")["data"]
         except ProviderError as e:
-            if getattr(e, "code", "") == NOT_FOUND:
+            if is_gone(e):
                 return None
             raise
         return out
@@ -165,7 +225,7 @@ class LambdaAPI:
     def launch(self, region: str, instance_type: str, key_name: str, name: str,
                file_systems: list[str]) -> list[str]:
         body = {"region_name": region, "instance_type_name": instance_type, "ssh_key_names": [key_name],
-                "file_system_names": file_systems, "quantity": 1, "name": name}
+                "file_system_names": file_systems, "name": name}
         res = self.call("POST", "/instance-operations/launch", body, what=f"launch {instance_type} in {region}")
         return list(res.get("data", {}).get("instance_ids") or [])
 

@@ -40,7 +40,9 @@ if TYPE_CHECKING:
 __all__ = ["LambdaProvider"]
 
 STATES = {"booting": "pending", "active": "running", "unhealthy": "unhealthy", "terminating": "terminated",
-          "terminated": "terminated"}
+          "terminated": "terminated", "preempted": "preempted"}
+#: statuses from which an instance never becomes active: a launch waiting on one has lost that node
+LOST = ("terminating", "terminated", "unhealthy", "preempted")
 
 
 class LambdaProvider(CloudProvider):
@@ -202,12 +204,13 @@ class LambdaProvider(CloudProvider):
         deadline = time.monotonic() + opts.boot_timeout_s
         out: dict[int, dict[str, Any]] = {}
         while len(out) < len(ids):
+            live = {str(i.get("id")): i for i in self.api.instances()}  # one call a round, not one per node
             for rank, iid in sorted(ids.items()):
                 if rank in out:
                     continue
-                inst = self.api.instance(iid)
+                inst = live.get(iid)
                 st = (inst or {}).get("status")
-                if inst is None or st in ("terminating", "terminated", "unhealthy"):
+                if inst is None or st in LOST:
                     raise ProviderError(f"{iid} ({instance_name(cluster.id, rank)}) in {region} is "
                                         f"{st or 'gone'} before it became active")
                 if st == "active" and inst.get("ip"):

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from gtrain.errors import ProviderError
 from gtrain.providers.base import GCResult, Orphan
 from gtrain.providers.cloud.errors import code_of
-from gtrain.providers.lambda_cloud.api import KEY_IN_USE, NOT_FOUND
+from gtrain.providers.lambda_cloud.api import KEY_IN_USE, is_gone
 
 if TYPE_CHECKING:
     from gtrain.events import Reporter
@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 PREFIX = "gtrain-"
 INSTANCE_RE = re.compile(r"^gtrain-(.+)-(\d+)$")
-GONE = ("terminated",)
+#: no longer running: not waited on, not reported as left over (a preempted one is still sent a terminate)
+GONE = ("terminated", "preempted")
 
 
 def instance_name(cluster_id: str, rank: int) -> str:
@@ -61,13 +62,13 @@ class LambdaTeardown:
         ids = sorted(set(ids))
         if not ids:
             return
-        live = {i["id"] for i in self.api.instances() if i.get("status") not in GONE}
+        live = {i["id"] for i in self.api.instances() if i.get("status") != "terminated"}
         todo = [i for i in ids if i in live]
         if todo:
             try:
                 self.api.terminate(todo)
             except ProviderError as e:
-                if code_of(e) != NOT_FOUND:
+                if not is_gone(e):  # another teardown got there first
                     raise
         deadline = time.monotonic() + self.timeout_s
         while True:
@@ -90,7 +91,7 @@ class LambdaTeardown:
                     self.api.delete_ssh_key(str(k["id"]))
                     break
                 except ProviderError as e:
-                    if code_of(e) == NOT_FOUND:
+                    if is_gone(e):  # deleted by another teardown: Lambda says global/not-found
                         break
                     if code_of(e) != KEY_IN_USE or time.monotonic() > deadline:
                         raise
