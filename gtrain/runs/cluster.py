@@ -269,8 +269,9 @@ def _keep_runs(ctx: Context, cluster: Cluster, warnings: list[str], *, event: bo
 
     try:
         archive.archive_cluster(ctx, cluster)
-    except (GtrainError, OSError, ValueError) as e:
-        warnings.append(f"could not keep the jobs' logs: {getattr(e, 'message', e)}")
+    except Exception as e:  # noqa: BLE001 - whatever fails here is a warning: the teardown goes on, nothing leaks
+        why = e.message if isinstance(e, GtrainError) else f"{type(e).__name__}: {e}"
+        warnings.append(f"could not keep the jobs' logs: {why}")
         ctx.report.warn(warnings[-1])
     if event:
         ctx.event(cluster, "down")

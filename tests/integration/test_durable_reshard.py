@@ -107,7 +107,8 @@ def seed(seaweedfs: Weed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     with pytest.MonkeyPatch.context() as mp:
         _env(mp, seaweedfs, home)
         bucket = f"gt-reshard-{os.getpid()}-{int(time.time())}"
-        boto3.client("s3").create_bucket(Bucket=bucket)
+        # a fresh session: boto3's default one keeps the first credentials it saw (an earlier test's)
+        boto3.session.Session().client("s3").create_bucket(Bucket=bucket)
         store = f"s3://{bucket}/runs"
         spec = _spec(root, SEED, store, 2, 2, RUN_ID, SIGNALS=str(signals), DCP_STALL_META=str(STALL),
                      FULL_DIR=str(signals), FINAL=str(signals / "final-2x2.pt"))

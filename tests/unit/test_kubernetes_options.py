@@ -91,3 +91,15 @@ def test_pod_states() -> None:
     pull = pod("Pending", containerStatuses=[{"state": {"waiting": {"reason": "ImagePullBackOff", "message": "no"}}}])
     assert pod_status(0, pull, False).detail.startswith("ImagePullBackOff")
     assert pod_status(0, None, True).detail == "suspended: waiting for admission (Kueue)"
+
+
+def test_an_exec_streams_protocol_state_error_is_translated_at_the_edge() -> None:
+    """wsproto's LocalProtocolError ("cannot be sent in state REMOTE_CLOSING": the API server closed an exec stream
+    as its pod ended, seen during `down`) is gtrain's ProviderError, not "a bug in gtrain"."""
+    from gtrain.errors import ProviderError
+    from gtrain.providers.kubernetes.api import translate
+
+    LocalProtocolError = type("LocalProtocolError", (Exception,), {"__module__": "wsproto.utilities"})
+    got = translate(LocalProtocolError("Event CloseConnection cannot be sent in state REMOTE_CLOSING"),
+                    "read a file of pod p-0", "default")
+    assert isinstance(got, ProviderError) and "exec stream broke" in got.message

@@ -120,7 +120,9 @@ def translate(exc: BaseException, doing: str, namespace: str) -> BaseException:
                              hint="check the kubeconfig's server address and your network")
     from httpx2.websockets import WebSocketNetworkError
 
-    if isinstance(exc, WebSocketNetworkError):  # an exec stream cut (pods/exec), e.g. while its pod ends
+    if isinstance(exc, WebSocketNetworkError) or type(exc).__module__.split(".")[0] in ("wsproto", "h11"):
+        # an exec stream cut (pods/exec), e.g. while its pod ends: the socket's error, or the protocol's state
+        # (wsproto's "cannot be sent in state REMOTE_CLOSING" when the API server closed it first)
         return ProviderError(f"kubernetes: {doing}: the exec stream broke ({type(exc).__name__})",
                              hint="run it again; `gtrain status` says whether the pod still runs")
     return exc
