@@ -3,6 +3,11 @@
     import gtrain.metrics
     gtrain.metrics.log(step=step, loss=loss.item(), lr=sched.get_last_lr()[0])
 
+Progress (`gtrain status`, `top`, the report, notifications): the ``step`` of rank 0's records gives the step and
+the rate; a total gives the ETA and the percent done: ``log(step=..., total_steps=N)`` once (or on every call),
+:func:`total_steps`, or ``GTRAIN_TOTAL_STEPS`` in the job's environment (``job.env``). It is written as
+``"total_steps": N`` in the record (again every :data:`TOTAL_EVERY` records, so the newest lines always name it).
+
 Each call appends one JSON object to ``$GTRAIN_METRICS_FILE`` (gtrain sets it on every rank:
 ``JOB/metrics/rank-R.jsonl``): ``{"t": <epoch seconds>, "step": 12, "rank": 0, "loss": 0.53, ...}``. Any
 language can do the same: one JSON object per line, numbers for values, ``step`` and ``t`` optional.
@@ -31,12 +36,17 @@ import time
 import urllib.request
 from typing import IO, Any
 
-__all__ = ["log", "flush", "metrics_file"]
+__all__ = ["log", "flush", "metrics_file", "total_steps"]
 
 ENV = "GTRAIN_METRICS_FILE"
+TOTAL_ENV = "GTRAIN_TOTAL_STEPS"
+#: the total is written again after this many records (readers look at a file's newest lines)
+TOTAL_EVERY = 200
 
 _lock = threading.Lock()
 _state: dict[str, IO[str] | str] = {}
+#: the total steps hint: "total" (None: unknown) and how many records ago it was written ("since")
+_total: dict[str, float | int | None] = {}
 
 
 def metrics_file() -> str | None:
@@ -69,8 +79,40 @@ def _handle(path: str) -> IO[str]:
     return new
 
 
-def log(step: int | float | None = None, **scalars: object) -> None:
-    """Append one record: ``step`` (optional) and named scalar values, stamped with the time and the rank."""
+def _positive(value: object) -> float | int | None:
+    n = _number(value)
+    return n if n is not False and n is not None and n > 0 else None
+
+
+def _total_for_record(given: object) -> float | int | None:
+    """The total to write in this record: one given now (kept for the records after), else the kept one (or
+    ``$GTRAIN_TOTAL_STEPS``'s) on the process's first record and every :data:`TOTAL_EVERY` records after."""
+    if given is not None and (n := _positive(given)) is not None:
+        _total.update(total=n, since=0)
+        return n
+    if "total" not in _total:
+        _total["total"] = _positive(os.environ.get(TOTAL_ENV, "").strip() or None)
+    since = int(_total.get("since") or 0) + 1
+    if _total["total"] is None:
+        return None
+    if "since" in _total and since < TOTAL_EVERY:
+        _total["since"] = since
+        return None
+    _total["since"] = 0
+    return _total["total"]
+
+
+def total_steps(n: int | float) -> None:
+    """Say how many steps the run takes in all (for the ETA and the percent done); written at once, and kept
+    for this process's later records. ``log(step=..., total_steps=n)`` does the same."""
+    if _positive(n) is None:
+        return
+    log(total_steps=n)
+
+
+def log(step: int | float | None = None, *, total_steps: int | float | None = None, **scalars: object) -> None:
+    """Append one record: ``step`` (optional) and named scalar values, stamped with the time and the rank;
+    ``total_steps``: the run's total (the ETA), kept for the records after."""
     path = metrics_file()
     if path is None:
         return
@@ -82,8 +124,12 @@ def log(step: int | float | None = None, **scalars: object) -> None:
     rank = os.environ.get("RANK")
     if rank is not None and rank.isdigit():
         rec["rank"] = int(rank)
+    with _lock:
+        total = _total_for_record(total_steps)
+    if total is not None:
+        rec["total_steps"] = total
     for key, value in scalars.items():
-        if key in ("t", "rank"):
+        if key in ("t", "rank", "total_steps"):
             continue
         v = _number(value)
         if v is not False:
@@ -117,7 +163,8 @@ _send_lock = threading.Lock()
 
 def _forward(rec: dict[str, object]) -> None:
     targets = os.environ.get("GTRAIN_METRICS_FORWARD", "").split(",")
-    values = {k: v for k, v in rec.items() if k not in ("t", "step", "rank") and isinstance(v, int | float)}
+    values = {k: v for k, v in rec.items() if k not in ("t", "step", "rank", "total_steps")
+              and isinstance(v, int | float)}
     step = rec.get("step")
     if "wandb" in targets:
         wandb = sys.modules.get("wandb")

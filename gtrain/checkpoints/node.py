@@ -35,7 +35,7 @@ from pathlib import Path
 
 from gtrain.checkpoints.sharded import FRAMEWORK_DOTFILES, dcp_finished, requires
 from gtrain.checkpoints.store import META_DIR, Store, pointer_target
-from gtrain.errors import GtrainError
+from gtrain.errors import GtrainError, SyncError
 
 DONE_SUFFIX = ".done"
 _SKIP_PREFIXES = (".", "_tmp")
@@ -323,10 +323,18 @@ def watch_notices(job_id: str, stop: threading.Event, poll_s: float = 5.0) -> No
 # ---- commands ------------------------------------------------------------------------------------
 
 
-def cmd_restore(store: Store, node: int, root: Path, job_dir: Path) -> dict[str, object]:
+def cmd_restore(store: Store, node: int, root: Path, job_dir: Path, only: str | None = None) -> dict[str, object]:
+    """Restore the newest complete checkpoint (``only``: that one; ``-``: none) into ``root``."""
     t0 = time.monotonic()
     skipped: list[tuple[str, str]] = []
-    ckpt, got, kept, nbytes = store.restore_newest(root, skip=skipped)
+    got: list[str] = []
+    kept: list[str] = []
+    ckpt, nbytes = None, 0
+    if only != "-":
+        ckpt, got, kept, nbytes = store.restore_newest(root, skip=skipped, only=only)
+        if only is not None and ckpt is None:
+            raise SyncError(f"checkpoint {only} (the one this elastic round resumes from) cannot be restored from "
+                            f"{store.where}" + (f": {skipped[0][1]}" if skipped else ""))
     for name, why in skipped:  # stderr: stdout is the one JSON document the node script reads
         print(f"[gtrain ckpt] checkpoint {name} refused, not restored: {why}", file=sys.stderr, flush=True)
     if ckpt is None:
@@ -420,7 +428,8 @@ def main(argv: list[str] | None = None) -> int:
         elif cmd == "fresh":
             print(json.dumps({"since": store.mark_fresh()}))
         elif cmd == "restore":
-            print(json.dumps(cmd_restore(store, node, Path(args[4]), Path(args[5]))))
+            only = args[6] if len(args) > 6 else None  # an elastic round's agreed step
+            print(json.dumps(cmd_restore(store, node, Path(args[4]), Path(args[5]), only)))
         elif cmd == "agent":
             cmd_agent(store, job_id, node, Path(args[4]), Path(args[5]), int(args[6]))
         elif cmd == "flush":

@@ -313,13 +313,16 @@ class Store:
                     return f"node-{node}/{rel} is {obj.size} bytes, its manifest says {size} (truncated or altered)"
         return None
 
-    def restore_newest(self, dest: Path, *, skip: list[tuple[str, str]] | None = None
+    def restore_newest(self, dest: Path, *, skip: list[tuple[str, str]] | None = None, only: str | None = None
                        ) -> tuple[Checkpoint | None, list[str], list[str], int]:
         """Restore the newest complete checkpoint that is intact: one whose manifests are unsafe or whose files
         do not match them (truncated, altered, missing) is refused and the next older one is tried. Each one
-        refused is appended to ``skip`` as (name, why). Returns (checkpoint or None, downloaded, kept, bytes)."""
+        refused is appended to ``skip`` as (name, why). ``only``: that checkpoint or none (an elastic round's
+        agreed step). Returns (checkpoint or None, downloaded, kept, bytes)."""
         skipped = skip if skip is not None else []
         for ckpt in reversed(restorable(self.checkpoints())):
+            if only is not None and ckpt.name != only:
+                continue
             why = self.problem(ckpt)
             if why is None:
                 try:

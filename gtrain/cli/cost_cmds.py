@@ -45,6 +45,13 @@ def cost(
         for m in (r.placement or {}).get("moves") or []:
             out.say(f"{r.cluster}: moved from {m['from']} to {m['to']} at {out.fmt_time(m['at'])} ({m['why']}); "
                     f"its part on {m['from_provider']}: {out.fmt_usd(m['cost_usd'])}")
+    for r in reports:  # an elastic job's world size over time (node-hours: the intervals above)
+        for j in r.world_sizes:
+            if len(j["world_sizes"]) > 1:
+                from gtrain.state.progress import world_line
+
+                out.say(f"{r.cluster}: job {j['job']} world size " + " → ".join(
+                    f"{world_line(w)} ({out.fmt_time(w['since'])})" for w in j["world_sizes"]))
     recovered = [r for r in reports if r.recoveries]
     if recovered:
         from gtrain.runs.recovery import summary_line

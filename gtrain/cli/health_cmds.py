@@ -53,6 +53,14 @@ def health(
 def gpu_table(cluster: str, *, energy: bool = False) -> tuple[list[list[Any]], str | None, dict[str, Any] | None]:
     """Rows of the newest telemetry of the cluster's newest job, the job id (None: no job yet) and, with
     ``energy``, the job's energy so far (gtrain.health.energy: per node and in all, its carbon estimate)."""
+    rows, job, doc, _ = gpu_view(cluster, energy=energy)
+    return rows, job, doc
+
+
+def gpu_view(cluster: str, *, energy: bool = False, progress: bool = False
+             ) -> tuple[list[list[Any]], str | None, dict[str, Any] | None, dict[str, Any] | None]:
+    """:func:`gpu_table`, and with ``progress`` the job's step, rate, ETA and world size
+    (gtrain.runlog.progress.fields; each node's steps/s in its rows), asked of the nodes beside the telemetry."""
     from gtrain.context import Context
     from gtrain.health import telemetry
     from gtrain.health.energy import Energy, carbon, from_integral
@@ -61,14 +69,29 @@ def gpu_table(cluster: str, *, energy: bool = False) -> tuple[list[list[Any]], s
     c = ctx.cluster(cluster)
     jobs = ctx.store.jobs(c.id)
     if not jobs:
-        return [], None, None
+        return [], None, None, None
+    reading = None
+    if progress and c.status == "up":
+        from gtrain.runlog.progress import Live
+
+        reading = Live(c, jobs[-1], ctx)
     tele = telemetry.read(c, jobs[-1], ctx, samples=64, energy=energy)
     doc = None
     if energy:
         e = Energy([from_integral(t.node, t.energy or {}) for t in tele if not t.error])
         e.carbon = carbon(e.total_kwh, c.region, c.spec.get("energy"))
         doc = e.to_dict()
-    return telemetry.rows(tele), jobs[-1].id, doc
+    rows = telemetry.rows(tele)
+    prog = None
+    if progress:
+        from gtrain.runlog.progress import fields, per_node_rates
+
+        answers = reading.result() if reading else None
+        prog = {"status": jobs[-1].status, "id": jobs[-1].id,
+                **fields(c, jobs[-1], answers, home=ctx.store.home)}
+        rates = per_node_rates(answers)
+        rows = [[*r[:6], f"{rates[r[0]]:.3g}" if r[0] in rates else r[6], *r[7:]] for r in rows]
+    return rows, jobs[-1].id, doc, prog
 
 
 def show_gpus(cluster: str, json_: bool) -> None:
@@ -102,12 +125,17 @@ def top(
         raise ConfigError(f"--interval {interval}: must be a number of seconds from 0.2 to 3600", field="--interval",
                           hint="e.g. --interval 2")
 
+    from gtrain.cli.views import progress_line
+
     if once or not _is_terminal(sys.stdout):  # a pipe or a file gets one frame, then the command ends
-        rows, job, energy = gpu_table(cluster, energy=True)
+        rows, job, energy, prog = gpu_view(cluster, energy=True, progress=True)
         if job is None:
             out.say(f"no job on {cluster} yet: nothing sampled")
             return
         out.table(f"GPUs of job {job}", TOP_COLUMNS, with_kwh(rows, energy))
+        line = progress_line(prog) if prog else None
+        if line:
+            out.say(line)
         if energy is not None:
             out.say(out.energy_line(energy) + " (so far)")
         return
@@ -118,11 +146,13 @@ def top(
 
     def frame() -> Table:
         fresh = time.monotonic() - last["at"] >= max(interval, ENERGY_EVERY_S)
-        rows, job, energy = gpu_table(cluster, energy=fresh)
+        rows, job, energy, prog = gpu_view(cluster, energy=fresh, progress=True)
         if fresh:
             last.update(at=time.monotonic(), energy=energy)
+        caption = [x for x in (progress_line(prog) if prog else None,
+                               out.energy_line(last["energy"]) + " (so far)" if last["energy"] else None) if x]
         t = Table(title=f"{cluster}: job {job or '-'}  ({time.strftime('%H:%M:%S')}, Ctrl+C to quit)",
-                  caption=out.energy_line(last["energy"]) + " (so far)" if last["energy"] else None)
+                  caption=out.clean("\n".join(caption)) if caption else None)
         for col in TOP_COLUMNS:
             t.add_column(col)
         for r in with_kwh(rows, last["energy"]):

@@ -13,6 +13,21 @@ def _job_cell(jobs: list[dict]) -> str:  # type: ignore[type-arg]
     return j["status"] + ("" if j["exit_code"] is None else f" (exit {j['exit_code']})")
 
 
+def progress_line(j: dict) -> str | None:  # type: ignore[type-arg]
+    """``job ID: step 1200/5000 (24.0%) · 3.41 steps/s · ETA 18m 34s · world size 2 nodes, 8 ranks`` of a job
+    of `status` (its ``progress`` and ``world_sizes``); None when neither is known."""
+    from gtrain.state.progress import describe, world_line
+
+    parts = []
+    if j.get("progress"):
+        parts.append(describe(j["progress"], live=j.get("status") in ("running", "pending", "recovering")))
+    ws = j.get("world_sizes") or []
+    if ws:
+        changed = f" (changed {len(ws) - 1} time{'s' if len(ws) > 2 else ''})" if len(ws) > 1 else ""
+        parts.append(f"world size {world_line(ws[-1])}{changed}")
+    return f"job {j['id']}: " + " · ".join(parts) if parts else None
+
+
 def show_status(cluster: str | None, json_: bool) -> None:
     """`gtrain status [CLUSTER] [--json]`."""
     out.set_json(json_)
@@ -38,6 +53,9 @@ def show_status(cluster: str | None, json_: bool) -> None:
         out.table("jobs", ["job", "status", "exit", "started", "ended", "run"],
                   [[j["id"], j["status"], "-" if j["exit_code"] is None else j["exit_code"],
                     out.fmt_time(j["created_at"]), out.fmt_time(j["ended_at"]), j["run"] or "-"] for j in r["jobs"]])
+        line = progress_line(r["jobs"][-1]) if r["jobs"] else None
+        if line:
+            out.say(line)
         recs = [(j["id"], x) for j in r["jobs"] for x in j.get("recoveries") or []]
         if recs:
             out.table("recoveries", ["job", "attempt", "cause", "lost nodes", "at", "took (s)", "cost"],

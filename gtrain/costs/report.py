@@ -43,6 +43,9 @@ class CostReport:
     by: str | None = None
     #: who launched its jobs, when other than ``by`` (a CI job, a colleague), in launch order
     launched_by: list[str] = field(default_factory=list)
+    #: each job's world size over time (gtrain.state.progress): ``{"job", "world_sizes": [{"since", "nodes",
+    #: "ranks"}]}``
+    world_sizes: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def recovery_summary(self) -> dict[str, Any]:
@@ -71,7 +74,7 @@ class CostReport:
             "estimate": self.estimate, "lines": [asdict(line) for line in self.lines],
             "recovery": self.recovery_summary, "recoveries": self.recoveries,
             "placement": {k: v for k, v in self.placement.items() if k != "spec"} if self.placement else None,
-            "energy": self.energy, "by": self.by, "launched_by": self.launched_by,
+            "energy": self.energy, "by": self.by, "launched_by": self.launched_by, "world_sizes": self.world_sizes,
         }
 
 
@@ -104,6 +107,10 @@ def cluster_cost(store: StateStore, cluster: Cluster, provider: Provider, *, per
                                             if j.info.get("by") and j.info["by"] != report.by))
     report.energy = cluster_energy(store, cluster)
     report.recoveries = [{"job": j.id, **r} for j in store.jobs(cluster.id) for r in j.info.get("recoveries") or []]
+    from gtrain.state.progress import world_sizes
+
+    report.world_sizes = [{"job": j.id, "world_sizes": [w.to_dict() for w in world_sizes(
+        j.info, num_nodes=cluster.num_nodes, started_at=j.created_at)]} for j in store.jobs(cluster.id)]
     return report
 
 

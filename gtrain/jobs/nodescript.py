@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gtrain.errors import GtrainError, RemoteCommandError, RemoteError
+from gtrain.errors import ConfigError, GtrainError, RemoteCommandError, RemoteError
 from gtrain.events import SILENT, Reporter
 from gtrain.jobs.backend import (
     JobBackend,
@@ -59,7 +59,10 @@ def launcher_of(spec: ClusterSpec, job: Job) -> tuple[str, int, dict[str, Any], 
     backend renders its nodes' commands from these (node scripts here, Slurm's batch script)."""
     from gtrain.jobs.launchers import get_launcher
     from gtrain.spec.launchers import OPTION_MODELS
+    from gtrain.spec.torchft import problem
 
+    if found := problem(spec):  # job.fault_tolerance: torchft needs launcher torchrun (and a provider of machines)
+        raise ConfigError(found[1], field=found[0])
     launcher = get_launcher(job.launcher)
     nproc = job.nproc_per_node or launcher.default_nproc(spec.resources.gpus_per_node)
     derived, notes = launcher.check(spec, spec.workdir_path(), nproc)
@@ -73,8 +76,11 @@ def node_contexts(cluster: Cluster, spec: ClusterSpec, job: Job, runners: list[R
     """Every node's render context."""
     from gtrain import tracking
     from gtrain.spec.checkpoints import run_key
+    from gtrain.spec.elastic import torchrun_settings
 
     name, nproc, options, notes = launcher_of(spec, job)
+    elastic: dict[str, Any] = {"max_restarts": job.max_restarts,
+                               **(torchrun_settings(spec, cluster.provider) if spec.elastic else {})}
     addrs = [r.address for r in runners]
     key = run_key(cluster.name, job.run_id, job.run, job.checkpoint_dir)
     env = {**tracking.env(job, job_id, key), **job.env}
@@ -89,11 +95,19 @@ def node_contexts(cluster: Cluster, spec: ClusterSpec, job: Job, runners: list[R
             python=job.python or ("python3" if job.image else r.python), argv=job.argv,
             env={**spec.resources.accelerator_env(), **env},
             secret_names=[*job.secrets, *tracking.secret_names(job)],
-            setup=job.setup, max_restarts=job.max_restarts, launcher=name, launcher_options=options,
+            setup=job.setup, launcher=name, launcher_options=options,
             launcher_notes=notes, checkpoint_store=job.checkpoint_store or "", **ctr,
             checkpoint_env=job.checkpoint_tuning.to_env() if job.checkpoint_tuning else {},
-            checkpoint_key=key,
+            checkpoint_key=key, **elastic,
         ))
+    if job.fault_tolerance == "torchft":  # each node its own replica group; node 0 runs the Lighthouse
+        from gtrain.jobs.launchers.torchrun import torchft_fields
+
+        fields, note = torchft_fields(spec, addrs[0], master_port, len(runners), cluster.market)
+        for c in out:
+            c.fault_tolerance, c.torchft = "torchft", fields
+        if note:
+            out[0].launcher_notes = [*out[0].launcher_notes, note]
     return out
 
 
@@ -148,13 +162,15 @@ class NodeScriptBackend(JobBackend):
                 "backend": self.name, "tracking_links": tracking_links(self.cluster, job)}
         return JobPlan(request, {c.node_rank: render_all(c) for c in ctxs}, info, {"contexts": ctxs})
 
-    def submit(self, plan: JobPlan, report: Reporter | None = None) -> str:
+    def submit(self, plan: JobPlan, report: Reporter | None = None, nodes: list[int] | None = None) -> str:
+        """Start the job on every node (``nodes``: on those only -- an elastic run's replacement joining)."""
         from gtrain.sync.workdir import list_workdir
 
         rep = report or SILENT
         job = plan.request.spec.job
         assert job is not None
         runners, ctxs = self.runners, plan.private["contexts"]
+        picked = list(range(len(runners))) if nodes is None else list(nodes)
         local = Path(plan.request.workdir)
         try:
             files = list_workdir(local)
@@ -162,7 +178,7 @@ class NodeScriptBackend(JobBackend):
             if job.image:  # once per node, before anything of the job starts; a failure starts nothing
                 from gtrain.containers.pull import pull_all
 
-                pull_all(job, runners, rep)
+                pull_all(job, [runners[i] for i in picked], rep)
 
             def prepare(i: int) -> int:
                 r, c = runners[i], ctxs[i]
@@ -173,24 +189,24 @@ class NodeScriptBackend(JobBackend):
                 rep.node(i, f"workdir synced ({moved} of {len(files)} files changed)")
                 return moved
 
-            parallel(prepare, list(range(len(runners))))
+            parallel(prepare, picked)
             if job.data:
                 from gtrain.jobs.data import fetch_data
 
-                fetch_data(job, runners, ctxs, secret_in, rep)
+                fetch_data(job, [runners[i] for i in picked], [ctxs[i] for i in picked], secret_in, rep)
             if job.setup:
-                rep.info("running setup on every node")
-                parallel(lambda i: self._setup(i, ctxs[i], secret_in, rep), list(range(len(runners))))
+                rep.info("running setup on every node" if nodes is None else f"running setup on node(s) {picked}")
+                parallel(lambda i: self._setup(i, ctxs[i], secret_in, rep), picked)
 
             def start(i: int) -> None:
                 q = shlex.quote(ctxs[i].job_dir)
                 runners[i].start_detached(f"exec bash {q}/launch.sh >{q}/node.log 2>&1", stdin=secret_in)
 
-            parallel(start, list(range(len(runners))))
+            parallel(start, picked)
         except BaseException:
             # don't leave half a job behind on the nodes that did start
             try:
-                parallel(lambda r: _stop_node(r, job_dir(r, plan.job_id), 2), runners)
+                parallel(lambda r: _stop_node(r, job_dir(r, plan.job_id), 2), [runners[i] for i in picked])
             except Exception:  # noqa: BLE001 - best effort; the original error is what matters
                 pass
             raise

@@ -8,10 +8,11 @@ collective for a node whose part died.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gtrain.errors import ConfigError
 from gtrain.jobs.backend import CANCEL_EXIT, JobState, aggregate, first_failed, job_exit_code
+from gtrain.jobs.elastic import replaceable
 from gtrain.state import TERMINAL_JOB, Cluster
 from gtrain.state import Job as JobRecord
 
@@ -58,7 +59,13 @@ def refresh_job(cluster: Cluster, job: JobRecord, ctx: Context, *, act: bool = T
         else:
             ctx.report.warn(f"job {job.id}: workers left behind on node(s) {orphaned} "
                             f"(`gtrain cancel {cluster.name}` ends them)")
-    if dead and alive:
+    gone = [n.node for n in nodes if n.node in dead and (n.raw.get("lost") or n.detail != "failed")]
+    if dead and alive and gone == dead and replaceable(job.info, dead, len(nodes)) is None:
+        # an elastic job: the survivors keep training; the watcher replaces the dead node(s) (gtrain.runs.elastic)
+        state, code = JobState.RUNNING, None
+        if act and job.info.get("degraded") != dead:
+            ctx.report.warn(f"job {job.id}: node(s) {dead} lost; node(s) {alive} keep training (elastic)")
+    elif dead and alive:
         if act:
             # One node's job died (or its node did) while the others wait in a collective: stop them instead
             # of letting them hang until a timeout.
@@ -73,11 +80,16 @@ def refresh_job(cluster: Cluster, job: JobRecord, ctx: Context, *, act: bool = T
                             f"`gtrain logs {cluster.name} -f` or `gtrain cancel {cluster.name}` stops it")
     info = dict(job.info)
     info["nodes"] = [{"state": n.detail, "exit_code": n.exit_code, "error": n.error} for n in nodes]
+    if info.get("elastic"):  # the nodes an elastic job trains without now (gtrain.runs.elastic replaces them)
+        info["degraded"] = dead if state is JobState.RUNNING else []
     if state is JobState.FAILED and (first := first_failed(nodes)) is not None:
         info["failed_first"] = first  # `run` ends naming it, with its last lines
     # terminal is final: a node that was unreachable may come back, but the rest of the job was stopped
     info["final"] = state.terminal and any(n.detail != "unreachable" for n in nodes)
     if state.value != job.status or code != job.exit_code or info != job.info:
+        # onto the info as it is now: a watcher's elastic replacement may have written to it meanwhile
+        mine: dict[str, Any] = {k: info[k] for k in ("nodes", "failed_first", "final", "degraded") if k in info}
+        info = {**ctx.store.get_job(job.id).info, **mine}
         ctx.store.update_job(job.id, status=state.value, exit_code=code, info=info)
     return ctx.store.get_job(job.id)
 

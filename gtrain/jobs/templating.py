@@ -59,6 +59,10 @@ class NodeContext:
     setup: str | None = None
     max_restarts: int = 0
     join_timeout: int = 300
+    #: elastic (``num_nodes: {min, max}``): the fewest nodes torchrun trains on; 0: a fixed world of num_nodes
+    min_nodes: int = 0
+    last_call_timeout: int = 1  # elastic: how long a rendezvous that has min nodes waits for more (seconds)
+    keep_alive_interval: int = 5  # elastic: a node's rendezvous heartbeat; 3 missed: the node is dead
     launcher: str = "torchrun"  # a name in gtrain.jobs.launchers
     launcher_options: dict[str, Any] = field(default_factory=dict)  # job.<launcher>, + what its check derived
     launcher_notes: list[str] = field(default_factory=list)  # warnings from the launcher's local check
@@ -70,6 +74,11 @@ class NodeContext:
     container_runtime: str = ""
     container_name: str = ""
     checkpoint_env: dict[str, str] = field(default_factory=dict)  # job.checkpoint_tuning as GTRAIN_* variables
+    #: job.fault_tolerance: "torchft" (each node its own torchft replica group: templates/launchers/torchft.sh.j2)
+    fault_tolerance: str = ""
+    #: torchft mode: ``lighthouse`` (its URL, every rank's TORCHFT_LIGHTHOUSE), and where node 0 runs it: ``port``
+    #: (0: the user runs it), ``bind``, ``args`` (gtrain/jobs/launchers/torchft_lighthouse.py's)
+    torchft: dict[str, Any] = field(default_factory=dict)
 
 
 def render(name: str, ctx: NodeContext, **extra: Any) -> str:

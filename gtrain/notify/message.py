@@ -41,14 +41,16 @@ LAST_LINES = 20
 def event(kind: str, *, cluster: str, job: str | None, state: str | None = None, exit_code: int | None = None,
           duration_s: float | None = None, cost_usd: float | None = None, failed: dict[str, Any] | None = None,
           last_lines: list[str] | None = None, report: str | None = None, detail: str | None = None,
-          links: dict[str, str] | None = None, provider: str | None = None) -> dict[str, Any]:
-    """The event every target gets (secrets masked)."""
+          links: dict[str, str] | None = None, provider: str | None = None, progress: dict[str, Any] | None = None,
+          world_size: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The event every target gets (secrets masked). ``progress`` (gtrain.state.progress.Progress as a dict)
+    and ``world_size`` (``nodes``, ``ranks``, ``since``) carry their one-line ``text``."""
     ev = {"event": kind, "t": round(time.time(), 3), "cluster": cluster, "job": job, "provider": provider,
           "state": state, "exit_code": exit_code,
           "duration_s": None if duration_s is None else round(duration_s, 1),
           "cost_usd": None if cost_usd is None else round(cost_usd, 4), "failed": failed,
           "last_lines": list(last_lines or [])[-LAST_LINES:], "report": report, "detail": detail,
-          "links": dict(links or {})}
+          "links": dict(links or {}), "progress": progress, "world_size": world_size}
     return redact.scrub_obj(ev)  # type: ignore[no-any-return]
 
 
@@ -68,6 +70,9 @@ def facts(ev: dict[str, Any]) -> list[tuple[str, str]]:
            ("exit code", "-" if ev.get("exit_code") is None else str(ev["exit_code"])),
            ("duration", _dur(ev.get("duration_s"))),
            ("cost so far", "-" if ev.get("cost_usd") is None else f"${ev['cost_usd']:.2f}")]
+    for key, name in (("progress", "progress"), ("world_size", "world size")):
+        if isinstance(ev.get(key), dict) and ev[key].get("text"):  # the node's own events have none
+            out.append((name, str(ev[key]["text"])))
     if ev.get("failed"):
         f = ev["failed"]
         out.append(("failed first", f"rank {f.get('rank')} (node {f.get('node')}), exit {f.get('exit_code')}"))

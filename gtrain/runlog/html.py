@@ -101,6 +101,30 @@ def gpu_charts(run: RunData, points: int = DISPLAY_POINTS) -> list[svg.Chart]:
         if power else [])
 
 
+def step_chart(run: RunData, points: int = DISPLAY_POINTS) -> svg.Chart | None:
+    """Rank 0's step over time (a resume from a checkpoint shows as a drop), its total dashed."""
+    if not run.steps:
+        return None
+    t0 = _origin(run)
+    x, y = downsample([(t - t0) / 60 for t, _ in run.steps], [s for _, s in run.steps], points)
+    lines = [svg.Line("step", x, y)]
+    total = (run.progress or {}).get("total")
+    if total and x:
+        lines.append(svg.Line("total_steps", [x[0], x[-1]], [float(total)] * 2, "#888", dash=True))
+    return svg.Chart("step (rank 0)", lines, x_label="minutes since up", kind="progress",
+                     markers=_markers(run, t0, ("recovery", "launch")))
+
+
+def world_rows(run: RunData) -> list[dict[str, Any]]:
+    """The world size over time as table rows: since (UTC), +min, nodes, ranks."""
+    t0 = _origin(run)
+    return [{"when": "-" if w.get("since") is None else time.strftime("%Y-%m-%d %H:%M:%S",
+                                                                      time.gmtime(float(w["since"]))),
+             "rel": "-" if w.get("since") is None else f"{(float(w['since']) - t0) / 60:.1f}",
+             "nodes": "-" if w.get("nodes") is None else w["nodes"],
+             "ranks": "-" if w.get("ranks") is None else w["ranks"]} for w in run.world_sizes]
+
+
 def _events(run: RunData) -> list[dict[str, Any]]:
     t0 = _origin(run)
     out = []
@@ -125,8 +149,14 @@ def render_report(run: RunData) -> str:
     except PackageNotFoundError:
         __version__ = "dev"
 
+    from gtrain.state.progress import describe, world_line
+
     summary = run.summary()
+    steps = step_chart(run)
     return str(_template().render(
+        progress=describe(run.progress, live=run.job.get("status") in ("running", "pending", "recovering")),
+        world=world_line(run.world_sizes[-1]) if run.world_sizes else "-", world_rows=world_rows(run),
+        step_chart=svg.render(steps) if steps else None,
         cluster=run.cluster, job=run.job, summary=summary, duration=_duration(summary["duration_s"]),
         fmt=_fmt, notes=run.notes, version=__version__,
         generated=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),

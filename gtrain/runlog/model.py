@@ -84,6 +84,11 @@ class RunData:
     archive: str = ""
     #: gtrain.health.energy.Energy.to_dict() of the job's telemetry (kwh None: no energy data)
     energy: dict[str, Any] = field(default_factory=dict)
+    #: rank 0's (t, step) samples, and gtrain.state.progress.Progress.to_dict() of them (None: no step logged)
+    steps: list[tuple[float, float]] = field(default_factory=list)
+    progress: dict[str, Any] | None = None
+    #: the job's world size over time (gtrain.state.progress.WorldSize dicts; the job dict's ``world_sizes``)
+    world_sizes: list[dict[str, Any]] = field(default_factory=list)
 
     def metrics(self) -> list[str]:
         """Metric names, in the order they first appear."""
@@ -112,7 +117,8 @@ class RunData:
                 "duration_s": round(end - start, 3) if start and end else None,
                 "total_usd": self.total_usd, "estimate": any(c.estimate for c in self.costs),
                 "node_hours": round(sum(c.hours for c in self.costs), 6), "metrics": final,
-                "points": self.points, "energy": self.energy or None}
+                "points": self.points, "energy": self.energy or None, "progress": self.progress,
+                "world_size": self.world_sizes[-1] if self.world_sizes else None, "world_sizes": self.world_sizes}
 
 
 def series_from_points(points: Iterable[Point]) -> list[Series]:
@@ -308,16 +314,35 @@ def _rank0_lines(folder: Path) -> Iterable[str]:
 
 
 def load_run(folder: Path, cluster: dict[str, Any], job: dict[str, Any], *, costs: Sequence[CostLine] = (),
-             events: Sequence[dict[str, Any]] = (), log_keys: Sequence[str] = (), gpus: bool = True) -> RunData:
+             events: Sequence[dict[str, Any]] = (), log_keys: Sequence[str] = (), gpus: bool = True,
+             progress: bool = True) -> RunData:
     run = RunData(cluster=cluster, job=job, spec=cluster.get("spec") or {}, archive=str(folder))
     run.series = load_metrics(folder, log_keys=log_keys, stats=run.stats, notes=run.notes)
     run.gpus = read_gpus(folder / "telemetry") if gpus else []
     run.costs = list(costs)
     run.energy = _energy(folder, cluster)
     run.events = derived_events(cluster, job, [e for e in events if e.get("job") in (None, job.get("id"))])
+    if progress:
+        run.steps, run.progress = read_progress(folder, job)
+    run.world_sizes = [w for w in job.get("world_sizes") or [] if isinstance(w, dict)]
     if run.stats.skipped:
         run.notes.append(f"{run.stats.skipped} metric line(s) were not JSON objects and were skipped")
     return run
+
+
+#: how much of rank 0's kept metrics file the report reads for its steps (the archive keeps at most 64 MiB)
+PROGRESS_BYTES = 64 * 2**20
+PROGRESS_SAMPLES = 200_000
+
+
+def read_progress(folder: Path, job: dict[str, Any]) -> tuple[list[tuple[float, float]], dict[str, Any] | None]:
+    """Rank 0's (t, step) samples kept in ``folder/metrics`` and their figures (gtrain.state.progress) as of the
+    job's end (now while it runs); the total from the files, else the job dict's ``total_hint``."""
+    from gtrain.state import progress as pg
+
+    samples, total = pg.combine([pg.scan(str(folder / "metrics"), PROGRESS_BYTES, PROGRESS_SAMPLES)])
+    p = pg.progress(samples, total or job.get("total_hint"), now=job.get("ended_at") or None)
+    return samples, (p.to_dict() if p.known else None)
 
 
 def _energy(folder: Path, cluster: dict[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 #: keys of a metrics record that are not metrics
-RESERVED = frozenset({"t", "step", "rank", "node", "time", "timestamp"})
+RESERVED = frozenset({"t", "step", "rank", "node", "time", "timestamp", "total_steps"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -104,7 +104,8 @@ def plot(cluster: str, *, job_ids: Sequence[str] = (), metric: str | None = None
         jobs = [archive.find_job(ctx.store, c, j) for j in (job_ids or [None])]  # type: ignore[list-item]
         first = running = True
         while True:
-            runs = [collect(ctx, c, j, log_keys=log_keys, costs=False, gpus=False) for j in jobs]
+            runs = [collect(ctx, c, j, log_keys=log_keys, costs=False, gpus=False,
+                            progress=False) for j in jobs]
             w, h = get_size()
             try:
                 name = pick_metric(runs, metric)

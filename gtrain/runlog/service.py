@@ -36,10 +36,15 @@ def _cluster_dict(c: Cluster) -> dict[str, Any]:
             "by": c.extra.get("by")}
 
 
-def _job_dict(j: Job) -> dict[str, Any]:
-    return {"id": j.id, "status": j.status, "exit_code": j.exit_code, "created_at": j.created_at,
-            "ended_at": j.ended_at, "run": j.info.get("run"), "tracking": j.info.get("tracking_links") or {},
-            "by": j.info.get("by")}
+def _job_dict(j: Job, c: Cluster | None = None) -> dict[str, Any]:
+    doc = {"id": j.id, "status": j.status, "exit_code": j.exit_code, "created_at": j.created_at,
+           "ended_at": j.ended_at, "run": j.info.get("run"), "tracking": j.info.get("tracking_links") or {},
+           "by": j.info.get("by")}
+    if c is not None:  # the world size over time and the spec's total (gtrain.runlog.progress)
+        from gtrain.runlog.progress import job_spec, total_hint, world
+
+        doc.update(world_sizes=[w.to_dict() for w in world(c, j)], total_hint=total_hint(job_spec(c, j)))
+    return doc
 
 
 def refresh(ctx: Context, cluster: Cluster, job: Job, *, logs: bool = False) -> None:
@@ -71,16 +76,17 @@ def cost_lines(ctx: Context, cluster: Cluster) -> list[CostLine]:
 
 
 def collect(ctx: Context, cluster: Cluster, job: Job, *, log_keys: Sequence[str] = (), fresh: bool = True,
-            costs: bool = True, gpus: bool = True) -> RunData:
-    """The job's :class:`RunData`: metrics, events, GPU samples and cost lines (unless not ``gpus``/``costs``)."""
+            costs: bool = True, gpus: bool = True, progress: bool = True) -> RunData:
+    """The job's :class:`RunData`: metrics, events, GPU samples, cost lines and steps (unless not
+    ``gpus``/``costs``/``progress``)."""
     from gtrain.runlog.model import load_run
 
     if fresh:
         refresh(ctx, cluster, job, logs=bool(log_keys))
     home = ctx.store.home
-    return load_run(archive.job_dir(home, cluster.id, job.id), _cluster_dict(cluster), _job_dict(job),
+    return load_run(archive.job_dir(home, cluster.id, job.id), _cluster_dict(cluster), _job_dict(job, cluster),
                     costs=cost_lines(ctx, cluster) if costs else (),
-                    events=archive.read_events(home, cluster.id), log_keys=log_keys, gpus=gpus)
+                    events=archive.read_events(home, cluster.id), log_keys=log_keys, gpus=gpus, progress=progress)
 
 
 def default_report_path(cluster: str, next_to: Path | None = None) -> Path:

@@ -311,14 +311,23 @@ def status(ctx: Context, name: str | None = None, *, refresh: bool = True) -> li
     now = time.time()
     for c in clusters:
         job = ctx.store.latest_job(c.id)
+        reading = None
         if job is not None and name is not None and refresh and c.status == "up":
             from gtrain.jobs.status import refresh_job
+            from gtrain.runlog.progress import Live
 
+            reading = Live(c, job, ctx)  # its step and rate, asked of the nodes beside the state read
             job = refresh_job(c, job, ctx, act=False)  # read-only: reports, never stops anything
         jobs = ctx.store.jobs(c.id) if name is not None else ([job] if job else [])
         live: dict[int, Any] = {}
         if name is not None and refresh and c.status == "up":
             live = {s.rank: s for s in ctx.provider(c.provider).describe(c)}
+        newest: dict[str, Any] = {}  # the newest job's step, rate, ETA and world size (gtrain.runlog.progress)
+        if job is not None:
+            from gtrain.runlog.progress import fields
+
+            newest = fields(c, job, reading.result() if reading else None,
+                            home=ctx.store.home if name is not None else None)
         out.append({
             "name": c.name, "id": c.id, "provider": c.provider, "num_nodes": c.num_nodes,
             # nodes that all stopped themselves (policies.idle_minutes on GCE) make a stopped cluster too
@@ -334,7 +343,8 @@ def status(ctx: Context, name: str | None = None, *, refresh: bool = True) -> li
                       "by": j.info.get("by"),
                       "ended_at": j.ended_at, "run": j.info.get("run"), "attempt": j.info.get("attempt", 1),
                       "recoveries": j.info.get("recoveries") or [],
-                      "tracking": j.info.get("tracking_links") or {}} for j in jobs if j is not None],
+                      "tracking": j.info.get("tracking_links") or {},
+                      **(newest if job is not None and j.id == job.id else {})} for j in jobs if j is not None],
             "recovery": _recovery_note(c, job, ctx) if name is not None and c.status == "up" else None,
             "placement": c.extra.get("any_of"),  # resources.any_of: every candidate and why it was passed over
             "by": c.extra.get("by"),  # who ran `up`: user@host, or the CI run's URL

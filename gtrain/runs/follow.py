@@ -25,20 +25,25 @@ if TYPE_CHECKING:
 SETTLE_S = 10.0
 #: how often a follower applies ``policies.min_gpu_util`` (the telemetry is sampled every 10 s)
 IDLE_CHECK_S = 60.0
+#: job id -> the nodes whose stream broke while followed (its connection died, or it ended with no end state):
+#: the backend could not keep reaching them, a signal the watcher reads without asking a node that may be gone
+#: (gtrain.runs.signals)
+BROKEN: dict[str, set[int]] = {}
 
 
 def follow(cluster: Cluster, job: JobRecord, ctx: Context, on_line: Callable[[LogLine], None], *,
            follow: bool = True, tail: int | None = None, nodes: list[int] | None = None,
            rank: int | None = None, check: Callable[[], str | None] | None = None,
-           check_every_s: float = 5.0) -> JobRecord:
+           check_every_s: float = 5.0, rejoin: queue.Queue[int] | None = None) -> JobRecord:
     """Stream every node's and rank's lines to ``on_line``. With ``follow``, return when the job has ended
     (everywhere), with its record refreshed -- or, with ``check`` (every ``check_every_s``: the provider's
-    word on lost nodes, see gtrain.runs.recovery), as soon as it returns a reason."""
+    word on lost nodes, see gtrain.runs.recovery), as soon as it returns a reason. ``rejoin``: nodes that
+    (re)joined an elastic job meanwhile (gtrain.runs.elastic): each one's lines are followed from its start."""
     backend = ctx.backend(cluster)
     picked = [i for i in range(cluster.num_nodes) if nodes is None or i in nodes]
     q: queue.Queue[tuple[str, int, LogLine | NodeEnded | None]] = queue.Queue()
 
-    def pump(i: int) -> None:
+    def pump(i: int, tail: int | None = tail) -> None:
         try:
             for item in backend.log_iter(job, i, rank, follow=follow, tail=tail):
                 q.put(("item", i, item))
@@ -49,6 +54,8 @@ def follow(cluster: Cluster, job: JobRecord, ctx: Context, on_line: Callable[[Lo
     for t in threads:
         t.start()
     open_streams = set(picked)
+    broken = BROKEN[job.id] = set()
+    live = dict.fromkeys(picked, 1)  # streams open per node (a rejoined node's old one may end after its new one began)
     ended: dict[int, NodeEnded] = {}
     last_check = last_probe = last_idle_check = time.monotonic()
     lost = False  # ``check`` gave a reason: the streams of lost nodes are not waited for
@@ -60,14 +67,30 @@ def follow(cluster: Cluster, job: JobRecord, ctx: Context, on_line: Callable[[Lo
             kind, i, item = q.get(timeout=0.5)
         except queue.Empty:
             kind, i, item = "tick", -1, None
+        while rejoin is not None and not rejoin.empty():  # a replacement joined: its lines from its start
+            n = rejoin.get()
+            if nodes is None or n in nodes:
+                ended.pop(n, None)
+                open_streams.add(n)
+                live[n] = live.get(n, 0) + 1
+                t = threading.Thread(target=pump, args=(n, None), daemon=True, name=f"gtrain-follow-{n}")
+                threads.append(t)
+                t.start()
         if isinstance(item, LogLine):
+            broken.discard(i)
             on_line(item)
         elif isinstance(item, NodeEnded):
             ended[i] = item
+            if item.detail == "unreachable":
+                broken.add(i)
             if item.error:
                 ctx.report.warn(f"node {i}: {item.error}")
         elif kind == "done":
-            open_streams.discard(i)
+            if follow and i not in ended:
+                broken.add(i)
+            live[i] -= 1
+            if live[i] <= 0:
+                open_streams.discard(i)
         if follow and check is not None and time.monotonic() - last_probe > check_every_s:
             last_probe = time.monotonic()
             if why := check():

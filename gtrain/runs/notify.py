@@ -59,10 +59,31 @@ def job_event(cluster: Cluster, job: JobRecord, ctx: Context, kind: str, detail:
         html = job_dir(ctx.store.home, cluster.id, job.id) / "report.html"
         report = str(html) if html.is_file() else str(job_dir(ctx.store.home, cluster.id, job.id))
     end = job.ended_at or time.time()
+    progress, world = _progress(cluster, job, ctx, live=kind in ("preempted", "recovered"))
     return message.event(kind, cluster=cluster.name, job=job.id, state=job.status, exit_code=job.exit_code,
                          duration_s=max(0.0, end - job.created_at), cost_usd=cost, failed=failed,
                          last_lines=_last_lines(cluster, job, ctx, failed), report=report, detail=detail,
-                         links=dict(job.info.get("tracking_links") or {}), provider=cluster.provider)
+                         links=dict(job.info.get("tracking_links") or {}), provider=cluster.provider,
+                         progress=progress, world_size=world)
+
+
+#: seconds a notification waits for the nodes' step (a lost node's SSH must not hold a recovery up)
+PROGRESS_WAIT_S = 5.0
+
+
+def _progress(cluster: Cluster, job: JobRecord, ctx: Context, *, live: bool
+              ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The job's step, rate (and, ``live``, ETA) and its world size now, each with its ``text``; (None, None)
+    when they cannot be had. From the nodes (at most :data:`PROGRESS_WAIT_S`), else the run archive."""
+    with contextlib.suppress(Exception):
+        from gtrain.runlog.progress import read
+        from gtrain.state.progress import describe, world_line
+
+        got = read(cluster, job, ctx, wait_s=PROGRESS_WAIT_S)
+        p, w = got["progress"], got["world_size"]
+        return ({**p, "text": describe(p, live=live)} if p else None,
+                {**w, "text": world_line(w)} if w else None)
+    return None, None
 
 
 def notify_job(cluster: Cluster, job: JobRecord, ctx: Context, kind: str, *, key: str | None = None,

@@ -21,15 +21,20 @@ from typing import TYPE_CHECKING, Any
 from gtrain.errors import CapacityError, GtrainError, QuotaError
 from gtrain.jobs.backend import JobState, LogLine
 from gtrain.locks import ClusterBusy, cluster_lock
+from gtrain.runs import signals
 from gtrain.runs.decide import (  # re-exported: the recovery's names, as before
     LOST,
-    NodeLost,
+    SUSPECT,
+    NodeLost,  # noqa: F401 - re-exported
     Observed,
+    Poll,
     Verdict,
     decide,
+    decide_lost,
     progress_matters,
     streak,
 )
+from gtrain.runs.signals import Watch
 
 if TYPE_CHECKING:
     from gtrain.context import Context
@@ -63,17 +68,30 @@ def watched(ctx: Context, cluster: str) -> bool:
 
 
 def provider_lost(cluster: Cluster, ctx: Context) -> dict[int, Any]:
+    """The nodes the provider says are gone: its word alone, one signal (a status call that fails or times out
+    says nothing: {})."""
     try:
         return {s.rank: s for s in ctx.provider(cluster.provider).describe(cluster) if s.status in LOST}
-    except GtrainError:
+    except (GtrainError, OSError, TimeoutError, ValueError):
         return {}
 
 
-def lost_reason(cluster: Cluster, ctx: Context) -> str | None:
-    lost = provider_lost(cluster, ctx)
-    if not lost:
+#: the watchers of this process: cluster id -> (job id, attempt, its Watch, which keeps its last polls)
+_WATCHES: dict[str, tuple[str, int, Watch]] = {}
+
+
+def lost_reason(cluster: Cluster, ctx: Context, job: JobRecord | None = None) -> str | None:
+    """The watcher's poll (follow's ``check``): why the cluster's job (``job``, else its newest) must be recovered
+    now -- a node lost on two signals, or a hang (docs/durable.md) -- or None. Stateful per job and attempt:
+    a node with one signal against it is a suspect, asked again on the next call."""
+    job = ctx.store.get_job(job.id) if job is not None else ctx.store.latest_job(cluster.id)
+    if job is None:
         return None
-    return "; ".join(f"node {r}: {s.status}{f' ({s.detail})' if s.detail else ''}" for r, s in sorted(lost.items()))
+    attempt = int(job.info.get("attempt", 1))
+    had = _WATCHES.get(cluster.id)
+    if had is None or had[:2] != (job.id, attempt):  # a new job or attempt: a fresh watch
+        had = _WATCHES[cluster.id] = (job.id, attempt, Watch(cluster, job, ctx, poll_s=_watch_poll_s()))
+    return had[2]()
 
 
 def _newest(job: JobRecord) -> str | None:
@@ -87,26 +105,37 @@ def _newest(job: JobRecord) -> str | None:
 
 
 def observe(cluster: Cluster, job: JobRecord, ctx: Context) -> Observed:
-    """What the decision needs, asked of the provider, the job backend and (only where it can matter) the
-    store."""
+    """What the decision needs: what the watcher found in this attempt (a loss on two signals, a hang), else one
+    look at the provider and every node (two, a moment apart, when the first leaves a suspect: a node that did
+    not answer once is asked again), and (only where it can matter) the store."""
     pol = policy(job)
     recs = list(job.info.get("recoveries") or [])
-    lost = [NodeLost(r, s.status, s.detail or "") for r, s in sorted(provider_lost(cluster, ctx).items())]
-    gone: list[int] = []
-    if not lost:
-        try:
-            desc = ctx.backend(cluster).describe(job)
-            gone = [n.node for n in desc.nodes if n.raw.get("lost") or n.detail in ("missing", "unreachable")]
-        except GtrainError:
-            gone = []
+    found = job.info.get("signals")
+    if not found or found.get("used") or int(found.get("attempt", 0)) != int(job.info.get("attempt", 1)):
+        found = None
+    polls: list[Poll] = []
+    if found is None:
+        ended = job.status not in (JobState.RUNNING.value, JobState.PENDING.value)
+        for _ in range(2):
+            view = signals.provider_view(cluster, ctx)
+            polls.append(signals.poll(cluster, job, ctx, view, ask=signals.askable(cluster, view), ended=ended))
+            if decide_lost(polls, stale_s=signals.stale_s()).state != SUSPECT:
+                break
+            time.sleep(min(2.0, _watch_poll_s()))
     progress = _progress(job, recs) if progress_matters(pol, recs) else None
-    return Observed(job.id, job.exit_code, pol, recs, lost, gone, progress)
+    return Observed(job.id, job.exit_code, pol, recs, (), (), progress, polls=polls, found=found,
+                    stale_s=signals.stale_s())
 
 
 def classify(cluster: Cluster, job: JobRecord, ctx: Context) -> Verdict:
     """Whether (and why not) to recover ``job``, which ended badly or lost a node: :func:`observe`, then the
-    pure :func:`gtrain.runs.decide.decide`."""
-    return decide(observe(cluster, job, ctx))
+    pure :func:`gtrain.runs.decide.decide`. What the watcher found is used once (an elastic job goes on in the
+    same attempt)."""
+    obs = observe(cluster, job, ctx)
+    if obs.found is not None:
+        now = ctx.store.get_job(job.id)
+        ctx.store.update_job(job.id, status=now.status, info={**now.info, "signals": {**obs.found, "used": True}})
+    return decide(obs)
 
 
 def _progress(job: JobRecord, recs: list[dict[str, Any]]) -> bool:
@@ -242,6 +271,7 @@ def _reprovision(cluster: Cluster, job: JobRecord, ctx: Context, rec: dict[str, 
 def wait(cluster: Cluster, job: JobRecord, ctx: Context, on_line: Callable[[LogLine], None], *,
          tail: int | None = None, nodes: list[int] | None = None, rank: int | None = None) -> JobRecord:
     """Follow ``job`` to its end, recovering it on the way as its policy says (when no other process is)."""
+    from gtrain.runs import elastic
     from gtrain.runs.follow import follow
     from gtrain.runs.notify import notify_job
 
@@ -262,8 +292,11 @@ def wait(cluster: Cluster, job: JobRecord, ctx: Context, on_line: Callable[[LogL
                     return job
                 notify_job(cluster, job, ctx, "recovered", key=f"recovered-{job.info.get('attempt', 1)}")
                 tail = None  # a new attempt: all of its lines
-            job = follow(cluster, job, ctx, on_line, tail=tail, nodes=nodes, rank=rank,
-                         check=functools.partial(lost_reason, cluster, ctx), check_every_s=_watch_poll_s())
+            # an elastic job's lost node is replaced alone, from the poll, while its survivors' lines stream on
+            replacer = elastic.Replacer(cluster, job.id, ctx, classify)
+            job = follow(cluster, job, ctx, on_line, tail=tail, nodes=nodes, rank=rank, rejoin=replacer.rejoin,
+                         check=functools.partial(replacer.check, functools.partial(lost_reason, cluster, ctx)),
+                         check_every_s=_watch_poll_s())
             if job.status in (JobState.SUCCEEDED.value, JobState.CANCELLED.value):
                 return job
             v = classify(cluster, job, ctx)

@@ -57,7 +57,8 @@ def run_tool(backend: JobBackend, plan: JobPlan, node: int, *args: str, timeout:
     return doc
 
 
-def prepare(plan: JobPlan, backend: JobBackend, report: Reporter, *, attempt: int = 1, fresh: bool = False) -> None:
+def prepare(plan: JobPlan, backend: JobBackend, report: Reporter, *, attempt: int = 1, fresh: bool = False,
+            nodes: list[int] | None = None) -> None:
     """Before a submit: record the durable-run fields in the plan's info; with a store, ship the tool to every
     node and probe a write from each (a store that refuses writes fails the launch here, nothing started).
     ``fresh``: the run starts over (node 0 marks the run's folder: older checkpoints no longer count)."""
@@ -69,6 +70,10 @@ def prepare(plan: JobPlan, backend: JobBackend, report: Reporter, *, attempt: in
     plan.info.update({"attempt": attempt, "checkpoint_store": job.checkpoint_store,
                       "recovery_policy": spec.policies.recovery.to_info(),
                       "spec": spec.to_yaml_dict(), "base_dir": spec.base_dir})
+    if spec.elastic or job.fault_tolerance == "torchft":  # a lost node is replaced alone (gtrain.runs.elastic)
+        # torchft: the groups left wait for a quorum, never restarted, however few they are
+        least = 1 if job.fault_tolerance == "torchft" else spec.min_nodes or spec.num_nodes
+        plan.info["elastic"] = {"min": least, "max": spec.num_nodes, "mode": job.fault_tolerance or "torchrun"}
     if not job.checkpoint_store:
         return
     if backend.checkpoint_tool == "plan":  # the nodes exist only once submitted: each probes the store itself
@@ -92,8 +97,9 @@ def prepare(plan: JobPlan, backend: JobBackend, report: Reporter, *, attempt: in
         runners[i].write_file(f"{runners[i].root}/{BUNDLE}", bundle(), 0o600)
         run_tool(backend, plan, i, "probe", timeout=120)
 
-    parallel(one, list(range(len(runners))))
-    report.info(f"checkpoint store {job.checkpoint_store}/{key}: writable from every node")
+    parallel(one, list(range(len(runners))) if nodes is None else nodes)
+    report.info(f"checkpoint store {job.checkpoint_store}/{key}: writable from "
+                + ("every node" if nodes is None else f"node(s) {nodes}"))
     if fresh:
         run_tool(backend, plan, 0, "fresh", timeout=120)
         report.info(f"--fresh: run {key} starts over; its older checkpoints in the store are kept, not restored")
@@ -129,8 +135,8 @@ def relaunch(cluster: Cluster, job: JobRecord, ctx: Context, attempt: int) -> No
     ctx.report.info(f"job {job.id} attempt {attempt} started on {cluster.num_nodes} node(s)")
 
 
-def _archive(backend: JobBackend, plan: JobPlan, attempt: int) -> None:
-    """What the last attempt left in the job's folder on each node, moved to ``attempt-N/``."""
+def _archive(backend: JobBackend, plan: JobPlan, attempt: int, nodes: list[int] | None = None) -> None:
+    """What the last attempt left in the job's folder on each node (``nodes``: those), moved to ``attempt-N/``."""
     from gtrain.remote.fanout import parallel
 
     runners = _runners(backend)
@@ -143,7 +149,7 @@ def _archive(backend: JobBackend, plan: JobPlan, attempt: int) -> None:
                        f"mkdir -p attempt-$prev && for f in {files}; do [ ! -e $f ] || mv -f $f attempt-$prev/; done; "
                        f"echo {attempt} > attempt")
 
-    parallel(archive, list(range(len(runners))))
+    parallel(archive, list(range(len(runners))) if nodes is None else nodes)
 
 
 def collect(cluster: Cluster, job: JobRecord, ctx: Context, nodes: list[int]) -> None:

@@ -6,14 +6,12 @@ directory of the spec file, so ``gtrain run examples/quickstart/spec.yaml`` work
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
-import reprlib
 import shlex
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -31,8 +29,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError, to_jsonable_python
 
-from gtrain.errors import ConfigError, dotted_path
-from gtrain.spec import launchers
+from gtrain.errors import ConfigError
+from gtrain.spec import elastic, launchers, translate
 from gtrain.spec.anyof import (
     Candidate,
     Order,
@@ -46,9 +44,10 @@ from gtrain.spec.anyof import (
 )
 from gtrain.spec.checkpoints import CheckpointTuning, Recovery, check_run_id, check_store
 from gtrain.spec.containers import ContainerOptions, ImageCredentials, check_image
-from gtrain.spec.data import MAX_PROBLEMS, DataEntry, check_keys, check_spec_file, duplicates, no_credentials, no_nul
+from gtrain.spec.data import DataEntry, check_keys, check_spec_file, duplicates, no_credentials, no_nul
 from gtrain.spec.health import PREFLIGHT_PATTERN, MinGpuUtil
 from gtrain.spec.notify import EnergySpec, NotifySpec, Tracking
+from gtrain.spec.translate import _short
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$|^[a-z]$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -177,6 +176,8 @@ class Job(_Model):
     deepspeed: launchers.DeepSpeedOptions | None = Field(None, description="`launcher: deepspeed` options")
     jax: launchers.JaxOptions | None = Field(None, description="`launcher: jax` options")
     tensorflow: launchers.TensorFlowOptions | None = Field(None, description="`launcher: tensorflow` options")
+    fault_tolerance: Literal["torchft"] | None = Field(
+        None, description="`torchft`: each node is a torchft replica group; see docs/durable.md, \"torchft mode\"")
     tracking: Tracking | None = Field(None, description="`{wandb: {project, entity}, mlflow: {tracking_uri, "
                                       "experiment}, tensorboard: true}`: what each tracker reads is set on every "
                                       "rank; see docs/tracking.md")
@@ -285,7 +286,9 @@ class ClusterSpec(_Model):
                       "does not end with `-`; `--name` overrides it")
     provider: str = Field("local", description="a registered provider (`gtrain/registry.py`: `local`, `ssh`, `aws`, "
                           "`gcp`, `azure`, `lambda`, `slurm`, `kubernetes`, `ray`), or a plug-in's")
-    num_nodes: Int = Field(1, ge=1, le=MAX_NODES, description="nodes of the cluster (local: at most 16)")
+    num_nodes: Int = Field(1, ge=1, le=MAX_NODES, description="nodes of the cluster (local: at most 16); "
+                           "`{min: 2, max: 8}`: an elastic run (torchrun; see docs/durable.md, \"Elastic runs\")")
+    min_nodes: Int | None = Field(None, ge=1, le=MAX_NODES, exclude=True)  # num_nodes.min (gtrain.spec.elastic)
     resources: Resources = Field(default_factory=lambda: Resources(), description="see [resources](#resources)")
     job: Job | None = Field(None, description="see [job](#job); `up` does without it, `launch` and `run` need it")
     policies: Policies = Field(default_factory=lambda: Policies(), description="see [policies](#policies)")
@@ -309,8 +312,9 @@ class ClusterSpec(_Model):
             sections = {k: data[k] for k in names if data[k] is not None}
             data = {k: v for k, v in data.items() if k not in names}
         provider_given = isinstance(data, dict) and data.get("provider") is not None
-        spec = handler(default_provider(data) if isinstance(data, dict) else data)
+        spec = handler(default_provider(elastic.split(data)) if isinstance(data, dict) else data)
         settle(spec, provider_given)
+        elastic.check(spec)
         allowed = candidate_providers(spec) or [spec.provider]
         for name, section in sections.items():
             if name not in allowed:
@@ -332,6 +336,11 @@ class ClusterSpec(_Model):
             expected = ", ".join(repr(c) for c in choices[:-1]) + f" or {choices[-1]!r}"
             raise PydanticCustomError("literal_error", "not a provider", {"expected": expected})
         return v
+
+    @property
+    def elastic(self) -> bool:
+        """``num_nodes: {min, max}`` with min < max: the run trains on any count in between."""
+        return self.min_nodes is not None and self.min_nodes < self.num_nodes
 
     def section(self, name: str) -> dict[str, Any] | None:
         """The spec's section for provider ``name`` (``ssh:``), or None when it has none."""
@@ -374,6 +383,8 @@ class ClusterSpec(_Model):
     def to_yaml_dict(self) -> dict[str, Any]:
         out = self.model_dump(mode="json", exclude_none=True, exclude={"base_dir"})
         out.update(to_jsonable_python(self._sections))
+        if self.min_nodes is not None:
+            out["num_nodes"] = {"min": self.min_nodes, "max": self.num_nodes}
         if self.resources.any_of:  # every candidate names its provider (and, not given, its own num_nodes)
             drop = {"provider"} | ({"num_nodes"} - self.model_fields_set)
             out = {k: v for k, v in out.items() if k not in drop}
@@ -381,78 +392,11 @@ class ClusterSpec(_Model):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Loading and error translation
+# Loading
 
 
-def _loc(loc: tuple[Any, ...]) -> str:
-    return dotted_path(loc) or "spec"
-
-
-def _models_in(ann: Any) -> list[type[BaseModel]]:
-    """The models a field's annotation holds (``X | None``, ``list[X]``, ``Annotated[...]``)."""
-    if isinstance(ann, type) and issubclass(ann, BaseModel):
-        return [ann]
-    return [m for a in getattr(ann, "__args__", ()) for m in _models_in(a)]
-
-
-def _known_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
-    cur: Any = model
-    for part in loc[:-1]:
-        if isinstance(part, int) or not (isinstance(cur, type) and issubclass(cur, BaseModel)):
-            continue
-        f = cur.model_fields.get(str(part))
-        if f is None:
-            return []
-        cands = _models_in(f.annotation)
-        cur = cands[0] if cands else None
-    if cur is ClusterSpec:
-        return [k for k in cur.model_fields if k != "base_dir"] + _provider_choices()
-    if isinstance(cur, type) and issubclass(cur, BaseModel):
-        return [k for k in cur.model_fields if k != "base_dir"]
-    return []
-
-
-_REPR = reprlib.Repr()
-_REPR.maxlevel, _REPR.maxdict, _REPR.maxlist, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, 6, 6, 60, 60, 40
-
-
-def _short(v: Any) -> str:
-    """A repr of at most 60 characters that never walks more than a few items of a big value."""
-    s = _REPR.repr(v)
-    return s if len(s) <= 60 else s[:57] + "..."
-
-
-def translate_validation_error(err: ValidationError, model: type[BaseModel] = ClusterSpec) -> ConfigError:
-    lines: list[str] = []
-    first_field: str | None = None
-    hint: str | None = None
-    errors = err.errors(include_url=False)
-    for e in errors[:MAX_PROBLEMS]:
-        loc = tuple(x for x in e["loc"] if not (isinstance(x, str) and x.startswith("function-")))
-        path = _loc(loc)
-        first_field = first_field or path
-        typ = e["type"]
-        if typ == "extra_forbidden":
-            known = _known_fields(model, loc)
-            close = difflib.get_close_matches(str(loc[-1]), known, n=1)
-            fix = f"did you mean '{close[0]}'?" if close else f"known fields here: {', '.join(known)}"
-            lines.append(f"{path}: unknown field — {fix}")
-        elif typ == "missing":
-            lines.append(f"{path}: required field is missing")
-            hint = hint or "see docs/spec.md for every field"
-        elif typ == "literal_error":
-            expected = e.get("ctx", {}).get("expected", "")
-            lines.append(f"{path}: {_short(e.get('input'))} is not one of {expected}")
-        else:
-            msg = e["msg"]
-            if msg.startswith("Value error, "):
-                msg = msg[len("Value error, "):]
-            value = e.get("input")
-            # a rule over a whole mapping (a provider section, secrets vs env) names no single value
-            lines.append(f"{path}: {msg}" if isinstance(value, dict) else f"{path}: {_short(value)} — {msg}")
-    if len(errors) > MAX_PROBLEMS:  # 24,000 unknown keys: the first few and a count, not a 3 MB line
-        lines.append(f"and {len(errors) - MAX_PROBLEMS} more problem(s)")
-    return ConfigError("invalid spec: " + "; ".join(lines), hint=hint, field=first_field)
+def translate_validation_error(err: ValidationError, model: type[BaseModel] | None = None) -> ConfigError:
+    return translate.translate(err, model or ClusterSpec, ClusterSpec)
 
 
 def parse_spec(data: Any, *, base_dir: str | None = None, source: str = "spec") -> ClusterSpec:

@@ -59,10 +59,14 @@ class Recovery(BaseModel):
         "the OOM killer's, counts as node_failure)")
     backoff_s: Annotated[float, BeforeValidator(_not_bool)] = Field(
         30.0, ge=0, le=3600, description="wait before a recovery, doubled after each one that made no progress")
+    hang_minutes: Annotated[float | None, BeforeValidator(_not_bool)] = Field(
+        None, gt=0, le=10080, allow_inf_nan=False, description="a hang: no rank made progress (a metrics step, "
+        "else a line in its log) for this long while every node is alive; each rank's Python stacks go into its "
+        "log, then the job is recovered (kind `hang`); fractions allowed; default: off")
 
     def to_info(self) -> dict[str, object]:
         return {"max_restarts": self.max_restarts, "on": list(self.on.causes), "exit_codes": list(self.on.exit_codes),
-                "backoff_s": self.backoff_s}
+                "backoff_s": self.backoff_s, **({"hang_minutes": self.hang_minutes} if self.hang_minutes else {})}
 
 
 class CheckpointTuning(BaseModel):

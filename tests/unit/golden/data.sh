@@ -24,6 +24,7 @@ export GTRAIN_NPROC_PER_NODE=2
 export GTRAIN_WORKDIR=/home/u/gtrain/demo/workdir
 export GTRAIN_CHECKPOINT_DIR=/home/u/gtrain/demo/workdir/checkpoints
 export PYTHONUNBUFFERED=1
+export PYTHONFAULTHANDLER=1  # a hang's SIGABRT (policies.recovery.hang_minutes) prints every thread's stack
 # Collectives use the interface that routes to the master (not whatever the hostname resolves to).
 if [ -z "${GLOO_SOCKET_IFNAME:-}" ] && command -v ip >/dev/null 2>&1; then
   __gtrain_if=$(ip -o route get 10.0.0.5 2>/dev/null | sed -n 's/.* dev \([^ ]*\).*/\1/p')

@@ -34,6 +34,7 @@ export GTRAIN_NPROC_PER_NODE=2
 export GTRAIN_WORKDIR=/home/u/gtrain/demo/workdir
 export GTRAIN_CHECKPOINT_DIR=/home/u/gtrain/demo/workdir/checkpoints
 export PYTHONUNBUFFERED=1
+export PYTHONFAULTHANDLER=1  # a hang's SIGABRT (policies.recovery.hang_minutes) prints every thread's stack
 # Collectives use the interface that routes to the master (not whatever the hostname resolves to).
 if [ -z "${GLOO_SOCKET_IFNAME:-}" ] && command -v ip >/dev/null 2>&1; then
   __gtrain_if=$(ip -o route get 10.0.0.5 2>/dev/null | sed -n 's/.* dev \([^ ]*\).*/\1/p')
@@ -121,6 +122,12 @@ while alive():
         time.sleep(min(0.5, every))
 __GTRAIN_TELEMETRY__
 fi
+
+( unset GTRAIN_JOB_ID
+  while mine && kill -0 $$ 2>/dev/null; do
+    echo "$SECONDS" > "$JOB_DIR/heartbeat"
+    sleep "${GTRAIN_HEARTBEAT_S:-5}"
+  done ) >/dev/null 2>&1 &
 
 cd /home/u/gtrain/demo/workdir || { write_state failed 97; exit 97; }
 write_state running null

@@ -1,0 +1,92 @@
+"""Elastic node counts: ``num_nodes: {min: 2, max: 8}`` (docs/durable.md, "Elastic runs").
+
+The spec keeps ``num_nodes`` an int (the most nodes, what ``up`` asks for) and ``min_nodes`` beside it (the
+fewest a run trains on); :func:`split` turns the YAML's mapping into the two before validation and
+:func:`check` refuses what cannot be elastic, naming the field, the value and the fix.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gtrain.spec import ClusterSpec
+
+#: launchers that cannot change their world size while running, and why
+NOT_ELASTIC = {
+    "accelerate": "accelerate launch gives each machine a fixed --machine_rank and --num_machines",
+    "deepspeed": "gtrain starts DeepSpeed from a fixed hostfile (DeepSpeed's own elasticity needs its "
+                 "elastic config and batch-size schedule)",
+    "jax": "jax.distributed.initialize takes a fixed num_processes",
+    "tensorflow": "TF_CONFIG names a fixed cluster",
+    "python": "the python launcher has no rendezvous to rejoin",
+}
+#: providers whose scheduler owns the allocation, and why they cannot grow or shrink a running job
+NOT_ELASTIC_PROVIDER = {
+    "slurm": "a Slurm allocation has a fixed node count (sbatch --nodes)",
+    "kubernetes": "the job is one Indexed Job of a fixed completions count",
+    "ray": "Ray schedules the job's workers itself",
+}
+
+
+def split(data: Any) -> Any:
+    """The spec mapping with ``num_nodes: {min, max}`` as ``num_nodes: max`` and ``min_nodes: min``."""
+    if not isinstance(data, dict):
+        return data
+    if "min_nodes" in data:
+        raise ValueError("min_nodes: not a field of the spec; write num_nodes: {min: 2, max: 8} for an "
+                         "elastic run")
+    n = data.get("num_nodes")
+    if not isinstance(n, dict):
+        return data
+    unknown = sorted(str(k) for k in n if k not in ("min", "max"))
+    if unknown or "min" not in n or "max" not in n:
+        raise ValueError(f"num_nodes: {n!r} — an elastic node count is {{min: N, max: M}} "
+                         f"({'unknown key(s) ' + ', '.join(unknown) if unknown else 'both keys are needed'})")
+    lo, hi = n["min"], n["max"]
+    for key, v in (("min", lo), ("max", hi)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"num_nodes.{key}: {v!r} is not a whole number of nodes (1 or more)")
+    if lo > hi:
+        raise ValueError(f"num_nodes: min {lo} is more than max {hi}; give min <= max")
+    return {**data, "num_nodes": hi, "min_nodes": lo}
+
+
+def check(spec: ClusterSpec) -> None:
+    """Refuse an elastic spec (``min < max``) that its provider or launcher cannot run."""
+    if spec.min_nodes is None or spec.min_nodes >= spec.num_nodes:
+        return
+    span = f"{{min: {spec.min_nodes}, max: {spec.num_nodes}}}"
+    providers = {spec.provider, *(c.provider for c in spec.resources.any_of or [] if c.provider)}
+    for p in sorted(providers & set(NOT_ELASTIC_PROVIDER)):
+        raise ValueError(f"num_nodes: {span} — provider {p} cannot run an elastic job: {NOT_ELASTIC_PROVIDER[p]}; "
+                         f"give a plain num_nodes")
+    if spec.resources.tpu:
+        raise ValueError(f"num_nodes: {span} — a TPU slice has a fixed host count; give a plain num_nodes")
+    job = spec.job
+    if job is not None and job.image:
+        raise ValueError(f"num_nodes: {span} — an elastic run in job.image is not supported yet (each rendezvous "
+                         "round restores its checkpoint on the host); drop job.image or give a plain num_nodes")
+    if job is not None and job.launcher in NOT_ELASTIC and job.fault_tolerance != "torchft":
+        raise ValueError(f"num_nodes: {span} — job.launcher {job.launcher} cannot be elastic: "
+                         f"{NOT_ELASTIC[job.launcher]}; use launcher torchrun or a plain num_nodes")
+
+
+#: (join_timeout, last_call_timeout, keep_alive_interval) of torchrun's c10d rendezvous, by provider: how long the
+#: first round waits for min nodes (a cloud's VMs boot and install for minutes), how long a round that has min
+#: nodes waits for more (every shrink and start pays it once), and how often a node says it lives (a node silent
+#: for KEEP_ALIVE_ATTEMPTS of them is dead: the survivors' next round waits that long for a node that died)
+TIMEOUTS = {"local": (120, 1, 1), "ssh": (300, 2, 2)}
+CLOUD_TIMEOUTS = (900, 5, 5)
+KEEP_ALIVE_ATTEMPTS = 3
+
+
+def torchrun_settings(spec: ClusterSpec, provider: str) -> dict[str, int]:
+    """The elastic fields of a node's render context (gtrain.jobs.templating.NodeContext)."""
+    join, last_call, keep_alive = TIMEOUTS.get(provider, CLOUD_TIMEOUTS)
+    job = spec.job
+    # every loss makes the survivors' workers fail once (a join does not count): torchrun restarts them that
+    # many times before it gives up
+    restarts = max(job.max_restarts if job else 0, spec.policies.recovery.max_restarts, 3)
+    return {"min_nodes": int(spec.min_nodes or spec.num_nodes), "join_timeout": join,
+            "last_call_timeout": last_call, "keep_alive_interval": keep_alive, "max_restarts": restarts}
