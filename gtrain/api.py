@@ -81,7 +81,8 @@ def launch(spec: Any = None, *, cluster: str | None = None, name: str | None = N
             parsed = ctx.spec_of(c)
         elif parsed.resources.any_of and c.extra.get("any_of"):  # the candidate it landed on, with this job
             parsed = ctx.spec_of(c).model_copy(update={"job": parsed.job, "base_dir": parsed.base_dir})
-        elif (parsed.provider, parsed.num_nodes) != (c.provider, c.num_nodes):
+        elif parsed.provider != c.provider or not (parsed.min_nodes or parsed.num_nodes) <= c.num_nodes <= \
+                parsed.num_nodes:  # an elastic cluster may have min..max nodes now
             raise ConfigError(
                 f"num_nodes: the spec asks for {parsed.num_nodes} {parsed.provider} node(s), cluster {c.name!r} has "
                 f"{c.num_nodes} {c.provider} node(s)", field="num_nodes",

@@ -61,6 +61,7 @@ class NodeContext:
     join_timeout: int = 300
     #: elastic (``num_nodes: {min, max}``): the fewest nodes torchrun trains on; 0: a fixed world of num_nodes
     min_nodes: int = 0
+    max_nodes: int = 0  # elastic: the most nodes (num_nodes: the nodes there are now, min..max)
     last_call_timeout: int = 1  # elastic: how long a rendezvous that has min nodes waits for more (seconds)
     keep_alive_interval: int = 5  # elastic: a node's rendezvous heartbeat; 3 missed: the node is dead
     launcher: str = "torchrun"  # a name in gtrain.jobs.launchers

@@ -136,6 +136,13 @@ def provision(spec: ClusterSpec, ctx: Context, plan: Plan, cluster: Cluster | No
         _failed_up(ctx, provider, cluster, plan, started, keep=True, why=None)
         raise
     _open_intervals(ctx.store, cluster, plan, started)
+    if spec.elastic:  # num_nodes: {min, max}: the provider may have made min..max of them (gtrain.runs.elastic)
+        have = len([n for n in ctx.store.node_records(cluster.id) if n.status not in ("terminated", "deleted")])
+        if have < spec.num_nodes:
+            ctx.store.update_cluster(cluster.id, num_nodes=have)
+            ctx.report.warn(f"{spec.name}: {have} of {spec.num_nodes} node(s) now (num_nodes.min "
+                            f"{spec.min_nodes}); the others join as capacity comes, while `run`, `launch --wait`, "
+                            "`logs -f` or `watch` follows the job")
     ctx.store.update_cluster(cluster.id, status="up")
     ctx.event(cluster, "up", msg=f"{plan.num_nodes} {plan.provider} node(s) {plan.instance_type or ''}".strip())
     return UpResult(plan, ctx.store.get_cluster_by_id(cluster.id), True)

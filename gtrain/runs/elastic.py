@@ -11,6 +11,7 @@ recovery of gtrain.runs.recovery runs, as for any job.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -33,14 +34,22 @@ def world(job: JobRecord, cluster: Cluster, nodes: int) -> list[list[float]]:
     launch's, added where it is missing)."""
     nproc = int(job.info.get("nproc_per_node") or 1)
     sizes = [list(x) for x in job.info.get("world_sizes") or []]
-    if not sizes:
-        sizes.append([round(job.created_at, 3), cluster.num_nodes, cluster.num_nodes * nproc])
+    if not sizes:  # the launch's: the nodes the job was rendered for then
+        first = int(job.info.get("num_nodes") or cluster.num_nodes)
+        sizes.append([round(job.created_at, 3), first, first * nproc])
     sizes.append([round(time.time(), 3), nodes, nodes * nproc])
     return sizes
 
 
-#: a replacement the provider had no capacity for is tried again after this long (doubling, at most MAX_RETRY_S)
+#: a replacement (or the nodes an elastic cluster is short of) the provider had no capacity for is tried again
+#: after this long, doubling, at most MAX_RETRY_S apart (GTRAIN_ELASTIC_RETRY_S: the first wait, for tests)
 RETRY_S, MAX_RETRY_S = 15.0, 300.0
+
+
+def retry_s(tries: int) -> float:
+    """How long after the last try (``tries`` so far) the next one is due."""
+    first = float(os.environ.get("GTRAIN_ELASTIC_RETRY_S") or RETRY_S)
+    return min(first * 2 ** max(0, tries - 1), MAX_RETRY_S)
 
 
 class Replacer:
@@ -64,9 +73,13 @@ class Replacer:
         job = self.ctx.store.get_job(self.job_id)
         if not job.info.get("elastic"):
             return base()
+        if self._grow_due(job):  # fewer nodes than max (capacity was short): ask for the rest now and then
+            self.thread = threading.Thread(target=self._grow, daemon=True, name="gtrain-elastic-grow")
+            self.thread.start()
+            return None
         pending = job.info.get("elastic_pending")
         if pending:
-            wait_s = min(RETRY_S * 2 ** max(0, int(pending.get("tries", 0)) - 1), MAX_RETRY_S)
+            wait_s = retry_s(int(pending.get("tries", 0)))
             if time.time() - float(pending.get("tried_at") or 0) < wait_s:
                 return None
         why = base()
@@ -79,21 +92,43 @@ class Replacer:
             self.thread = threading.Thread(target=self._replace, args=(v,), daemon=True, name="gtrain-elastic")
             self.thread.start()
             return None
-        return why or (f"node(s) {job.info.get('degraded')} lost and not replaced alone: "
-                       f"{replaceable(job.info, v.lost, self.cluster.num_nodes) or v.why}")
+        if why:
+            return why
+        if not v.lost:  # a node the state still counts out is back (its rejoin not yet seen by a refresh)
+            return None
+        return (f"node(s) {v.lost} lost and not replaced alone: "
+                f"{replaceable(job.info, v.lost, self.cluster.num_nodes) or v.why}")
+
+    def _grow_due(self, job: JobRecord) -> bool:
+        el = job.info["elastic"]
+        if job.info.get("elastic_pending") or job.info.get("degraded") or el.get("mode") != "torchrun":
+            return False
+        if self.ctx.store.get_cluster_by_id(self.cluster.id).num_nodes >= int(el.get("max") or 0):
+            return False
+        g = job.info.get("elastic_grow") or {}
+        wait_s = retry_s(int(g.get("tries", 0)))
+        return time.time() - float(g.get("tried_at") or job.created_at) >= wait_s
+
+    def _grow(self) -> None:
+        try:
+            new = grow(self.cluster, self.ctx.store.get_job(self.job_id), self.ctx)
+        except GtrainError as e:
+            self.ctx.report.warn(f"growing job {self.job_id} failed: {e.message}; it trains on as it is")
+            return
+        for n in new:
+            self.rejoin.put(n)
 
     def _replace(self, v: Verdict) -> None:
         try:
-            job = replace(self.cluster, self.ctx.store.get_job(self.job_id), self.ctx, v)
+            _job, joined = replace(self.cluster, self.ctx.store.get_job(self.job_id), self.ctx, v)
         except GtrainError as e:
             self.error = e.message
             return
         except Exception as e:  # noqa: BLE001 - a bug here must end in the whole-job recovery, not a dead thread
             self.error = f"{type(e).__name__}: {e}"
             return
-        if not job.info.get("elastic_pending"):
-            for n in v.lost:
-                self.rejoin.put(n)
+        for n in joined:
+            self.rejoin.put(n)
 
 
 def _update(ctx: Context, job: JobRecord, **info: Any) -> JobRecord:
@@ -102,9 +137,10 @@ def _update(ctx: Context, job: JobRecord, **info: Any) -> JobRecord:
     return ctx.store.get_job(job.id)
 
 
-def replace(cluster: Cluster, job: JobRecord, ctx: Context, v: Verdict) -> JobRecord:
+def replace(cluster: Cluster, job: JobRecord, ctx: Context, v: Verdict) -> tuple[JobRecord, list[int]]:
     """Bring the nodes ``v.lost`` back into ``job`` while the others keep training. When the provider has no
-    capacity now, the survivors go on at their size and the next poll tries again (``info["elastic_pending"]``)."""
+    capacity now, the survivors go on at their size and the next poll tries again (``info["elastic_pending"]``).
+    Returns the job and the nodes that joined (none while there is no capacity)."""
     lost = sorted(set(v.lost))
     detected = time.time()
     with cluster_lock(ctx.store.home, cluster.name, "recover"):
@@ -129,11 +165,18 @@ def replace(cluster: Cluster, job: JobRecord, ctx: Context, v: Verdict) -> JobRe
             ctx.report.warn(f"no capacity for node(s) {lost} now ({e.message}); the job trains on {left} node(s) "
                             "and gtrain tries again")
             return _update(ctx, job, elastic_pending={**pending, "tries": int(pending.get("tries", 0)) + 1,
-                                                      "last_error": e.message, "tried_at": time.time()})
+                                                      "last_error": e.message, "tried_at": time.time()}), []
         provisioned = time.time()
-        join(ctx.store.get_cluster_by_id(cluster.id), job, ctx, lost)
-        now = time.time()
         c = ctx.store.get_cluster_by_id(cluster.id)
+        grown = list(range(c.num_nodes, _present(ctx, c)))  # an elastic cluster short of max: filled too
+        if grown:
+            ctx.store.update_cluster(c.id, num_nodes=c.num_nodes + len(grown))
+            for rank in grown:
+                ctx.store.open_interval(c.id, rank, instance_type=c.instance_type, market=c.market,
+                                        price_per_hour=c.price_per_hour, started_at=provisioned)
+            c = ctx.store.get_cluster_by_id(cluster.id)
+        join(c, job, ctx, lost + grown)
+        now = time.time()
         rec = {"attempt": int(job.info.get("attempt", 1)), "kind": pending["kind"], "lost": lost,
                "reprovision": pending["reprovision"], "detail": pending["detail"], "elastic": True,
                "detected_at": pending["detected_at"], "ended_at": now, "progress": True,
@@ -147,9 +190,55 @@ def replace(cluster: Cluster, job: JobRecord, ctx: Context, v: Verdict) -> JobRe
         info.update(recoveries=[*(job.info.get("recoveries") or []), rec],
                     world_sizes=world(job, c, c.num_nodes))
         ctx.store.update_job(job.id, status="running", info=info)
-        ctx.report.info(f"node(s) {lost} rejoined job {job.id}: {rec['seconds']:.1f}s after the loss "
+        ctx.report.info(f"node(s) {lost + grown} rejoined job {job.id}: {rec['seconds']:.1f}s after the loss "
                         f"(provision {rec['provision_s']:.1f}s, start {rec['launch_s']:.1f}s)")
-        return ctx.store.get_job(job.id)
+        return ctx.store.get_job(job.id), lost + grown
+
+
+def _present(ctx: Context, cluster: Cluster) -> int:
+    """The nodes the cluster has now (an elastic cluster's are ranks 0..n-1: the provider makes the lowest missing
+    ranks first)."""
+    return len([n for n in ctx.store.node_records(cluster.id) if n.status not in ("terminated", "deleted")])
+
+
+def grow(cluster: Cluster, job: JobRecord, ctx: Context) -> list[int]:
+    """An elastic job on fewer nodes than its max (``up`` found capacity for min..max): ask the provider for the
+    rest; those it makes join the running job (the others' agents restart their workers into the bigger round).
+    Returns the ranks that joined; none when there is still no capacity (tried again later, backing off)."""
+    with cluster_lock(ctx.store.home, cluster.name, "recover"):
+        cluster = ctx.store.get_cluster_by_id(cluster.id)
+        job = ctx.store.get_job(job.id)
+        want, before = int(job.info["elastic"]["max"]), cluster.num_nodes
+        g = dict(job.info.get("elastic_grow") or {})
+        provider, spec = ctx.provider(cluster.provider), ctx.spec_of(cluster)
+        plan = provider.plan(spec)
+        started = time.time()
+        try:
+            provider.provision(spec, cluster, plan)
+        except (CapacityError, QuotaError) as e:
+            tries = int(g.get("tries", 0)) + 1
+            ctx.report.info(f"job {job.id}: still {before} of {want} node(s): {e.message} (try {tries}; again in "
+                            f"{retry_s(tries):.0f}s)")
+            _update(ctx, job, elastic_grow={"tries": tries, "tried_at": time.time(), "last_error": e.message})
+            return []
+        have = _present(ctx, cluster)
+        new = list(range(before, have))
+        ctx.store.update_cluster(cluster.id, num_nodes=have)
+        for rank in new:
+            ctx.store.open_interval(cluster.id, rank, instance_type=plan.instance_type, market=plan.market,
+                                    price_per_hour=plan.price_per_hour, started_at=started)
+        c = ctx.store.get_cluster_by_id(cluster.id)
+        if new:
+            join(c, job, ctx, new)
+        job = ctx.store.get_job(job.id)
+        info = {k: x for k, x in job.info.items() if k != "elastic_grow"}
+        if new:
+            info["world_sizes"] = world(job, c, have)
+        if have < want:
+            info["elastic_grow"] = {"tries": 0, "tried_at": time.time()}
+        ctx.store.update_job(job.id, status=job.status, info=info)
+        ctx.report.info(f"node(s) {new} joined job {job.id}: {have} of {want} node(s) now")
+        return new
 
 
 def _reprovision(cluster: Cluster, ctx: Context, pending: dict[str, Any]) -> None:

@@ -20,6 +20,7 @@ from gtrain.state import Job as JobRecord
 
 if TYPE_CHECKING:
     from gtrain.context import Context
+    from gtrain.jobs.backend import JobBackend
 
 #: after a refresh found the job over, how long streams of nodes that are gone may stay open
 SETTLE_S = 10.0
@@ -43,9 +44,9 @@ def follow(cluster: Cluster, job: JobRecord, ctx: Context, on_line: Callable[[Lo
     picked = [i for i in range(cluster.num_nodes) if nodes is None or i in nodes]
     q: queue.Queue[tuple[str, int, LogLine | NodeEnded | None]] = queue.Queue()
 
-    def pump(i: int, tail: int | None = tail) -> None:
+    def pump(i: int, tail: int | None = tail, source: JobBackend = backend) -> None:
         try:
-            for item in backend.log_iter(job, i, rank, follow=follow, tail=tail):
+            for item in source.log_iter(job, i, rank, follow=follow, tail=tail):
                 q.put(("item", i, item))
         finally:
             q.put(("done", i, None))
@@ -73,7 +74,8 @@ def follow(cluster: Cluster, job: JobRecord, ctx: Context, on_line: Callable[[Lo
                 ended.pop(n, None)
                 open_streams.add(n)
                 live[n] = live.get(n, 0) + 1
-                t = threading.Thread(target=pump, args=(n, None), daemon=True, name=f"gtrain-follow-{n}")
+                fresh = ctx.backend(ctx.store.get_cluster_by_id(cluster.id))  # a node that grew the cluster
+                t = threading.Thread(target=pump, args=(n, None, fresh), daemon=True, name=f"gtrain-follow-{n}")
                 threads.append(t)
                 t.start()
         if isinstance(item, LogLine):

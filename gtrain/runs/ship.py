@@ -74,6 +74,8 @@ def prepare(plan: JobPlan, backend: JobBackend, report: Reporter, *, attempt: in
         # torchft: the groups left wait for a quorum, never restarted, however few they are
         least = 1 if job.fault_tolerance == "torchft" else spec.min_nodes or spec.num_nodes
         plan.info["elastic"] = {"min": least, "max": spec.num_nodes, "mode": job.fault_tolerance or "torchrun"}
+        if job.fault_tolerance == "torchft" and job.torchft is not None and job.torchft.lighthouse:
+            plan.info["elastic"]["node0"] = False  # the user's own Lighthouse: node 0 is replaced alone too
     if not job.checkpoint_store:
         return
     if backend.checkpoint_tool == "plan":  # the nodes exist only once submitted: each probes the store itself

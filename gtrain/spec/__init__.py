@@ -30,7 +30,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError, to_jsonable_python
 
 from gtrain.errors import ConfigError
-from gtrain.spec import elastic, launchers, translate
+from gtrain.spec import elastic, launchers, torchft, translate
 from gtrain.spec.anyof import (
     Candidate,
     Order,
@@ -47,6 +47,7 @@ from gtrain.spec.containers import ContainerOptions, ImageCredentials, check_ima
 from gtrain.spec.data import DataEntry, check_keys, check_spec_file, duplicates, no_credentials, no_nul
 from gtrain.spec.health import PREFLIGHT_PATTERN, MinGpuUtil
 from gtrain.spec.notify import EnergySpec, NotifySpec, Tracking
+from gtrain.spec.torchft import TorchftOptions
 from gtrain.spec.translate import _short
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$|^[a-z]$")
@@ -178,6 +179,8 @@ class Job(_Model):
     tensorflow: launchers.TensorFlowOptions | None = Field(None, description="`launcher: tensorflow` options")
     fault_tolerance: Literal["torchft"] | None = Field(
         None, description="`torchft`: each node is a torchft replica group; see docs/durable.md, \"torchft mode\"")
+    torchft: TorchftOptions | None = Field(None, description="`{lighthouse, port, min_replicas, join_timeout_ms, "
+                                           "quorum_tick_ms, heartbeat_timeout_ms}`; only with fault_tolerance: torchft")
     tracking: Tracking | None = Field(None, description="`{wandb: {project, entity}, mlflow: {tracking_uri, "
                                       "experiment}, tensorboard: true}`: what each tracker reads is set on every "
                                       "rank; see docs/tracking.md")
@@ -315,6 +318,7 @@ class ClusterSpec(_Model):
         spec = handler(default_provider(elastic.split(data)) if isinstance(data, dict) else data)
         settle(spec, provider_given)
         elastic.check(spec)
+        torchft.check(spec)
         allowed = candidate_providers(spec) or [spec.provider]
         for name, section in sections.items():
             if name not in allowed:

@@ -88,5 +88,5 @@ def torchrun_settings(spec: ClusterSpec, provider: str) -> dict[str, int]:
     # every loss makes the survivors' workers fail once (a join does not count): torchrun restarts them that
     # many times before it gives up
     restarts = max(job.max_restarts if job else 0, spec.policies.recovery.max_restarts, 3)
-    return {"min_nodes": int(spec.min_nodes or spec.num_nodes), "join_timeout": join,
+    return {"min_nodes": int(spec.min_nodes or spec.num_nodes), "max_nodes": spec.num_nodes, "join_timeout": join,
             "last_call_timeout": last_call, "keep_alive_interval": keep_alive, "max_restarts": restarts}

@@ -52,11 +52,11 @@ def test_elastic_torchrun_command_and_rank_sh() -> None:
     spec = parse_spec({"name": "e", "num_nodes": {"min": 2, "max": 3}, "job": {"run": "t.py"},
                        "policies": {"recovery": {"max_restarts": 5}}})
     el = torchrun_settings(spec, "local")
-    assert el == {"min_nodes": 2, "join_timeout": 120, "last_call_timeout": 1, "keep_alive_interval": 1,
+    assert el == {"min_nodes": 2, "max_nodes": 3, "join_timeout": 120, "last_call_timeout": 1, "keep_alive_interval": 1,
                   "max_restarts": 5}
     assert torchrun_settings(spec, "aws")["keep_alive_interval"] == 5
     for rank in (0, 1):
-        files = render_all(ctx("torchrun", node_rank=rank, num_nodes=3, checkpoint_store="s3://b/runs", **el))
+        files = render_all(ctx("torchrun", node_rank=rank, num_nodes=2, checkpoint_store="s3://b/runs", **el))
         cmd = files["command"]
         assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in cmd and "--nnodes=2:3" in cmd
         assert "--rdzv_backend=c10d" in cmd and "--node_rank" not in cmd and "--max_restarts=5" in cmd
@@ -77,5 +77,6 @@ def test_which_losses_are_replaced_alone() -> None:
     assert "fewer than num_nodes.min 2" in (replaceable(info, [1, 2, 3], 4) or "")
     assert "node 0 hosts the rendezvous" in (replaceable(info, [0], 4) or "")
     assert "Lighthouse" in (replaceable({"elastic": {"min": 1, "max": 2, "mode": "torchft"}}, [0], 2) or "")
+    assert replaceable({"elastic": {"min": 1, "max": 2, "mode": "torchft", "node0": False}}, [0], 2) is None
     assert replaceable({}, [1], 2) == "the job is not elastic"
     assert replaceable(info, [], 4) == "no node was lost"

@@ -102,8 +102,11 @@ class AWSInstances:
             token, rids = self._batch_token(cluster, missing, reg.name, zone)
             # the cluster's tags now; each node's rank and Name once it runs (they differ per instance)
             tags = api.base_tags(cluster, opts, f"{cluster.name}-pending")
+            # all or nothing, except an elastic run (num_nodes: {min, max}): EC2 makes as many as it can, at least
+            # what brings the cluster to min ("it launches as many as possible up to the maximum")
+            least = max(1, (spec.min_nodes or spec.num_nodes) - len(existing)) if spec.elastic else len(missing)
             params: dict[str, Any] = dict(
-                ImageId=reg.image_id, InstanceType=itype, MinCount=len(missing), MaxCount=len(missing),
+                ImageId=reg.image_id, InstanceType=itype, MinCount=least, MaxCount=len(missing),
                 KeyName=reg.key_name, ClientToken=token,
                 NetworkInterfaces=self._nics(ec2, reg, zone, itype, efa, opts),
                 Placement={"AvailabilityZone": zone, **({"GroupName": reg.pg_name} if reg.pg_name else {})},
@@ -133,9 +136,13 @@ class AWSInstances:
                 raise
             insts.sort(key=lambda i: int(i.get("AmiLaunchIndex", 0)))
             made.extend(i["InstanceId"] for i in insts)
-            if len(insts) != len(missing):  # MinCount makes this all or nothing; never guess ranks
-                raise ProviderError(f"{zone}: asked for {len(missing)} instances, AWS made {len(insts)}")
-            for rank, rid, inst in zip(missing, rids, insts, strict=True):
+            if not least <= len(insts) <= len(missing):  # MinCount..MaxCount; never guess ranks
+                raise ProviderError(f"{zone}: asked for {least} to {len(missing)} instances, AWS made {len(insts)}")
+            if len(insts) < len(missing):  # elastic: the lowest missing ranks are made, the rest join later
+                self.report.warn(f"{zone}: capacity for {len(insts)} of {len(missing)} {itype} node(s) now")
+                for rid in rids[len(insts):]:
+                    self.ledger.mark(rid, "not-created")
+            for rank, rid, inst in zip(missing, rids, insts, strict=False):
                 self.ledger.mark(rid, "created", ref=inst["InstanceId"])
                 self.report.node(rank, f"{inst['InstanceId']} requested in {zone}")
                 new[rank] = inst
