@@ -208,6 +208,8 @@ def resume(cluster: Cluster, job: JobRecord, ctx: Context) -> JobRecord:
             # (here, not right after the stop: every node is reachable again to render the tool's script)
             collect(ctx.store.get_cluster_by_id(cluster.id), job, ctx,
                     [i for i in range(cluster.num_nodes) if i not in rec["reprovision"]])
+            if exclude_stalled(ctx.store.get_cluster_by_id(cluster.id), ctx, rec):
+                job = _save(ctx, job, rec)
             rec.update(phase="launching", provisioned_at=time.time())
             job = _save(ctx, job, rec)
         if rec["phase"] == "launching":
@@ -228,6 +230,30 @@ def resume(cluster: Cluster, job: JobRecord, ctx: Context) -> JobRecord:
             recs = [*(ctx.store.get_job(job.id).info.get("recoveries") or []), done]
             job = _save(ctx, job, None, status=JobState.RUNNING.value, recoveries=recs)
     return job
+
+
+def exclude_stalled(cluster: Cluster, ctx: Context, rec: dict[str, Any]) -> bool:
+    """A hang's node that stalled first (``rec["lost"]``, where it could be told) is swapped for a new machine of
+    the same rank before the relaunch -- a bad GPU, NIC or host stays behind -- where the provider rents its nodes
+    (``can_replace_nodes``); elsewhere the job restarts on the same machines. Once per recovery (``replaced``).
+    Returns whether ``rec`` changed."""
+    if rec.get("kind") != "hang" or not rec.get("lost") or "replaced" in rec:
+        return False
+    provider = ctx.provider(cluster.provider)
+    if not provider.can_replace_nodes:
+        rec["replaced"] = []
+        ctx.report.info(f"node(s) {rec['lost']} stalled first; provider {cluster.provider} cannot swap a machine, "
+                        "the job restarts on the same nodes")
+        return True
+    ranks = [int(r) for r in rec["lost"]]
+    ctx.report.warn(f"node(s) {ranks} stalled first: replacing the machine(s) before the relaunch")
+    try:
+        provider.replace_nodes(cluster, ranks)
+        rec["replaced"] = ranks
+    except GtrainError as e:  # the job still restarts, on the machine it has
+        rec["replaced"] = []
+        ctx.report.warn(f"could not replace node(s) {ranks}: {e.message}; restarting on the same machines")
+    return True
 
 
 def _reprovision(cluster: Cluster, job: JobRecord, ctx: Context, rec: dict[str, Any]) -> Cluster:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from gtrain.errors import GtrainError
 from gtrain.runs.decide import CRASH_LOOP, NodeLost, Observed, decide, progress_matters, streak
 
 ON_ALL = {"max_restarts": 5, "on": ["preemption", "node_failure"], "exit_codes": [75], "backoff_s": 30}
@@ -88,3 +89,33 @@ def test_streak_and_when_progress_is_asked() -> None:
     assert streak([{"progress": False}, {"progress": True}]) == 0
     assert progress_matters(ON_ALL, [{}] * 4) and not progress_matters(ON_ALL, [{}] * 5)
     assert not progress_matters({"max_restarts": 0}, [])
+
+
+def test_a_hangs_first_stalled_node_is_swapped_where_the_provider_can() -> None:
+    from types import SimpleNamespace
+
+    from gtrain.runs.recovery import exclude_stalled
+
+    swapped: list[list[int]] = []
+
+    class Provider:
+        def __init__(self, can: bool, fail: bool = False) -> None:
+            self.can_replace_nodes, self.fail = can, fail
+
+        def replace_nodes(self, cluster: object, ranks: list[int]) -> None:
+            if self.fail:
+                raise GtrainError("no capacity")
+            swapped.append(ranks)
+
+    said: list[str] = []
+    report = SimpleNamespace(info=said.append, warn=said.append)
+    cluster = SimpleNamespace(provider="aws")
+    for can, fail, want in ((True, False, [1]), (False, False, []), (True, True, [])):
+        ctx = SimpleNamespace(provider=lambda _name, p=Provider(can, fail): p, report=report)
+        rec = {"kind": "hang", "lost": [1]}
+        assert exclude_stalled(cluster, ctx, rec) is True  # type: ignore[arg-type]
+        assert rec["replaced"] == want
+        assert exclude_stalled(cluster, ctx, rec) is False  # once per recovery  # type: ignore[arg-type]
+    assert swapped == [[1]]
+    assert exclude_stalled(cluster, ctx, {"kind": "node_failure", "lost": [1]}) is False  # type: ignore[arg-type]
+    assert exclude_stalled(cluster, ctx, {"kind": "hang", "lost": []}) is False  # type: ignore[arg-type]
