@@ -64,8 +64,8 @@ def up(spec: Any, *, name: str | None = None, dry_run: bool = False, keep_failed
 
 
 def launch(spec: Any = None, *, cluster: str | None = None, name: str | None = None, force: bool = False,
-           dry_run: bool = False, replace_bad: bool = False, fresh: bool = False,
-           report: Reporter | None = None) -> LaunchResult:
+           dry_run: bool = False, replace_bad: bool = False, fresh: bool = False, queue: bool = False,
+           priority: int | None = None, report: Reporter | None = None) -> LaunchResult:
     from gtrain.errors import ConfigError
     from gtrain.runs import launch as jobs
 
@@ -83,11 +83,11 @@ def launch(spec: Any = None, *, cluster: str | None = None, name: str | None = N
             parsed = ctx.spec_of(c).model_copy(update={"job": parsed.job, "base_dir": parsed.base_dir})
         elif parsed.provider != c.provider or not (parsed.min_nodes or parsed.num_nodes) <= c.num_nodes <= \
                 parsed.num_nodes:  # an elastic cluster may have min..max nodes now
-            raise ConfigError(
-                f"num_nodes: the spec asks for {parsed.num_nodes} {parsed.provider} node(s), cluster {c.name!r} has "
-                f"{c.num_nodes} {c.provider} node(s)", field="num_nodes",
-                hint="`gtrain up --recreate` to reshape it, or launch with the spec it was made from")
-        return jobs.launch(c, parsed, ctx, force=force, dry_run=dry_run, replace_bad=replace_bad, fresh=fresh)
+            raise ConfigError(f"num_nodes: the spec asks for {parsed.num_nodes} {parsed.provider} node(s), cluster "
+                              f"{c.name!r} has {c.num_nodes} {c.provider} node(s)", field="num_nodes",
+                              hint="`gtrain up --recreate` to reshape it, or launch with the spec it was made from")
+        return jobs.launch(c, parsed, ctx, force=force, dry_run=dry_run, replace_bad=replace_bad, fresh=fresh,
+                           queue=queue, priority=priority)
     finally:
         ctx.store.close()
 

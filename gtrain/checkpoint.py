@@ -52,7 +52,8 @@ def resume_from() -> str:
       ``dcp.save`` and ``dcp.async_save`` both work: a step counts only once DCP's ``.metadata`` and every
       shard it names are in the store, so a save killed mid-write is never restored (the previous step is).
       Give ``async_save`` a process group of its own (``dist.new_group(backend="gloo")``) and wait for its
-      future before the next save and before exiting.
+      future before the next save and before exiting. ``dcp.save(..., use_collectives=False)`` (a
+      ``__R.metadata`` per rank, no ``.metadata``) works too, on the same world size only: each rank reads its own.
     - On one machine, after ``gtrain pull`` (no process group: DCP then reads every shard in this process)::
 
           state = {"model": plain_model.state_dict()}
@@ -60,7 +61,8 @@ def resume_from() -> str:
           # or one torch.save file: torch.distributed.checkpoint.format_utils.dcp_to_torch_save(dir, "full.pt")
 
     - DeepSpeed: ``engine.load_checkpoint(os.path.dirname(path))`` (``latest`` names the step restored), on the
-      same world size; for another, see docs/durable.md ("Sharded checkpoints": ``ds_to_universal``).
+      same world size; for another, convert it first with ``ds_to_universal --inject_missing_state`` and load
+      that with ``"checkpoint": {"load_universal": true}`` (docs/durable.md, "Sharded checkpoints", has the code).
     """
     return os.environ.get("GTRAIN_RESUME_FROM", "")
 

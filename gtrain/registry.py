@@ -137,3 +137,31 @@ def price_list(target: str) -> Any:
 
     mod, _, fn = CATALOG_REFRESH.get(target, target).partition(":")
     return getattr(import_module(mod), fn)
+
+
+# ---------------------------------------------------------------------------------------------- checks
+#: ``gtrain check``: each provider's own check, "module:function" called as ``fn(timeout) -> ProviderCheck``
+#: (read-only: credentials and where from, one harmless authorised call, the GPU quota where the API tells it,
+#: the SSH key); a plug-in without an entry here may give its Provider class a ``check`` of the same shape
+CHECKS: dict[str, str] = {
+    "local": "gtrain.providers.local:check",
+    "ssh": "gtrain.providers.ssh:check",
+    "aws": "gtrain.providers.aws.check:check",
+    "gcp": "gtrain.providers.gcp.check:check",
+    "azure": "gtrain.providers.azure.check:check",
+    "lambda": "gtrain.providers.lambda_cloud.check:check",
+    "slurm": "gtrain.providers.slurm.check:check",
+    "kubernetes": "gtrain.providers.kubernetes.check:check",
+    "ray": "gtrain.providers.ray.check:check",
+}
+
+
+def check_function(name: str) -> Any:
+    """The check ``CHECKS`` names for a provider (its module imported now), or None."""
+    from importlib import import_module
+
+    target = CHECKS.get(name)
+    if target is None:
+        return None
+    mod, _, fn = target.partition(":")
+    return getattr(import_module(mod), fn)

@@ -33,7 +33,7 @@ import threading
 import time
 from pathlib import Path
 
-from gtrain.checkpoints.sharded import FRAMEWORK_DOTFILES, dcp_finished, requires
+from gtrain.checkpoints.sharded import FRAMEWORK_DOTFILES, dcp_finished, describe
 from gtrain.checkpoints.store import META_DIR, Store, pointer_target
 from gtrain.errors import GtrainError, SyncError
 
@@ -198,7 +198,7 @@ class Uploader:
                 steps = {n for n, fs in entries(self.root).items() if fs != [n]}
                 points_to = pointer_target(src / name, steps) if files == [name] else None
                 doc = self.store.upload(self.node, src, name, files, attempt=self.attempt, points_to=points_to,
-                                        requires=requires(src, name, files) if files != [name] else None)
+                                        extra=describe(src, name, files) if files != [name] else None)
             except (GtrainError, OSError) as e:
                 _say(f"upload of {name} failed (retried next pass): {getattr(e, 'message', e)}")
                 continue

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gtrain.checkpoints.sharded import missing
+from gtrain.checkpoints.sharded import missing, names_every_rank
 from gtrain.errors import SyncError
 from gtrain.sync.local import hash_file, tmp_path, unlink_tmp
 from gtrain.sync.model import Backend, RemoteObject, RemoteURL
@@ -76,16 +76,17 @@ class Checkpoint:
     @property
     def complete(self) -> bool:
         """Some node's manifest names it and every node with objects under it has its manifest; then, for a
-        sharded step (:mod:`gtrain.checkpoints.sharded`): DCP's ``.metadata`` and every file it names are in
-        (that rule replaces the previous step's writers: it names every rank's part); DeepSpeed ZeRO's model
-        states and every rank's shard are in, and the previous step's writers wrote theirs; any other step
-        folder: every node that wrote the previous step folder wrote this one."""
+        sharded step (:mod:`gtrain.checkpoints.sharded`): DCP's ``.metadata`` (or every rank's ``__R.metadata``)
+        and every file it names are in; DeepSpeed ZeRO's model states and every rank's file of their world size
+        are in (those rules replace the previous step's writers: they name every rank's part); ZeRO files whose
+        model states could not be read: no gap in the ranks, and the previous step's writers wrote theirs; any
+        other step folder: every node that wrote the previous step folder wrote this one."""
         if not self.manifests or not self.writers <= set(self.manifests):
             return False
         what, lacks = self.lacks
         if lacks:
             return False
-        return (what == "dcp" and lacks is not None) or self.expected <= set(self.manifests)
+        return (lacks is not None and names_every_rank(what, self.manifests)) or self.expected <= set(self.manifests)
 
     @property
     def lacks(self) -> tuple[str | None, list[str] | None]:
@@ -190,11 +191,13 @@ class Store:
         return since
 
     def upload(self, node: int, root: Path, name: str, files: list[str], *, attempt: int = 0,
-               points_to: str | None = None, requires: list[str] | None = None) -> dict[str, Any]:
+               points_to: str | None = None, requires: list[str] | None = None,
+               extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """Upload checkpoint ``name`` (``files``: paths relative to ``root``), each verified by checksum on the
         wire, then its manifest (``points_to``: it is a pointer file naming that step folder; ``requires``: every
-        file of the whole step, across the nodes, as this part's DCP ``.metadata`` names them). A file that
-        changes while it is uploaded fails the checkpoint (SyncError)."""
+        file of the whole step, across the nodes, as this part's DCP ``.metadata`` or ZeRO model states name
+        them; ``extra``: the fields :func:`gtrain.checkpoints.sharded.describe` gives). A file that changes while
+        it is uploaded fails the checkpoint (SyncError)."""
         entries: list[dict[str, Any]] = []
         mtime = 0.0
         upload_md5: bool = getattr(self.backend, "upload_md5", True)
@@ -219,6 +222,8 @@ class Store:
             doc["points_to"] = points_to
         if requires is not None:
             doc["requires"] = requires
+        for k, v in (extra or {}).items():
+            doc.setdefault(k, v)
         self._put_bytes(f"node-{node}/{META_DIR}/{name}.json", json.dumps(doc, indent=1).encode())
         return doc
 

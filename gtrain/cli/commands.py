@@ -12,6 +12,8 @@ ROOT_HELP = ("Run PyTorch training on GPU machines gtrain rents, and leave nothi
 
 #: (name, module under gtrain.cli, help), in the order `gtrain --help` lists them
 COMMANDS: tuple[tuple[str, str, str], ...] = (
+    ("check", "check_cmds", "Which providers this machine can use now and why not: credentials, one read-only call, "
+                            "GPU quota, SSH key."),
     ("up", "cluster_cmds", "Provision the cluster's nodes."),
     ("down", "cluster_cmds", "Stop jobs, delete every resource of the cluster, print what it cost."),
     ("stop", "cluster_cmds", "Stop a VM cluster's nodes (aws, gcp), keeping their disks: compute billing ends, the "
@@ -27,6 +29,8 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("watch", "watch_cmds", "Follow the cluster's job to its end, recovering it from lost nodes; exit with the job's "
                             "exit code."),
     ("cancel", "job_cmds", "Stop the cluster's running job (or --job ID); the nodes and their files stay."),
+    ("queue", "queue_cmds", "The cluster's queued jobs, as its nodes keep them: waiting (in the order they start), "
+                            "running, ended."),
     ("plot", "report_cmds", "A metric of one or more jobs as a terminal chart; works after `down`, from what "
                             "gtrain kept."),
     ("report", "report_cmds", "One self-contained HTML report of a job: metrics, cost over time, GPU use, events, "

@@ -22,6 +22,9 @@ from gtrain.cli.params import (
 
 REPLACE_BAD = typer.Option(False, "--replace-bad", help="Preflight (policies.preflight, else quick): replace a "
                            "failed cloud node by a new one and check again, once.")
+NO_FOLD = typer.Option(False, "--no-fold", help="Show every rank's every line; by default identical lines of "
+                       "many ranks arriving together are one line, the ranks named ([ranks 0-63] ...; errors never "
+                       "folded).")
 FRESH = typer.Option(False, "--fresh", help="Start the run over: checkpoints of earlier launches in "
                      "job.checkpoint_store are kept but not restored (default: resume from the newest).")
 
@@ -44,8 +47,13 @@ def launch(
     wait: bool = typer.Option(False, "--wait", "-w", help="Follow the logs; exit with the job's own exit code."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the rendered launch script; start nothing."),
     force: bool = typer.Option(False, "--force", help="Cancel a job still running on the cluster first."),
+    queue: bool = typer.Option(False, "--queue", help="Wait in the cluster's queue (kept on its nodes) for the job "
+                               "before it to end, instead of failing (job.queue); see docs/queue.md."),
+    priority: int = typer.Option(None, "--priority", min=-1000, max=1000, help="A queued job's place: higher "
+                                 "starts first, then the earliest queued (default: job.priority, 0)."),
     replace_bad: bool = REPLACE_BAD,
     fresh: bool = FRESH,
+    no_fold: bool = NO_FOLD,
     json_: bool = JSON,
     name: str = NAME,
     env: list[str] = ENV,
@@ -74,7 +82,7 @@ def launch(
 
     try:
         res = api.launch(parsed or spec, cluster=cluster, force=force, dry_run=dry_run, replace_bad=replace_bad,
-                         fresh=fresh, report=rep)
+                         fresh=fresh, queue=queue, priority=priority, report=rep)
     except ClusterNotFound:
         if not (dry_run and spec is not None and cluster is None):
             raise
@@ -92,10 +100,12 @@ def launch(
             print(res.job_id)
             out.err(f"follow it: gtrain logs {res.cluster} -f")
         return
-    printer = None if json_ else out.LinePrinter()
-    final = api.wait(res.cluster, job_id=res.job_id, on_line=printer, report=rep)
-    if printer is not None:
-        printer.close()
+    printer = None if json_ else out.LinePrinter(fold=not no_fold)
+    try:
+        final = api.wait(res.cluster, job_id=res.job_id, on_line=printer, report=rep)
+    finally:
+        if printer is not None:
+            printer.close()
     if json_:
         out.emit_json({**res.to_dict(), "status": final.status, "exit_code": final.exit_code})
     else:
@@ -156,6 +166,7 @@ def logs(
     tail: int = typer.Option(None, "--tail", metavar="N", help="Start with the last N lines of each log."),
     json_: bool = typer.Option(False, "--json", help="JSON lines on stdout: one object per log line "
                                "(node, rank, text); with --follow a last one with the job's status and exit code."),
+    no_fold: bool = NO_FOLD,
 ) -> None:
     """Every node's and rank's output, each line prefixed [node K rank R]."""
     out.set_json(json_)
@@ -165,11 +176,15 @@ def logs(
     non_negative("--rank", rank)
     non_negative("--tail", tail)
 
-    printer = None if json_ else out.LinePrinter(follow=follow)
-    final = api.logs(cluster, job_id=job, follow=follow, tail=tail, node=node, rank=rank,
-                     on_line=printer or _json_line, report=out.CLIReporter())
-    if printer is not None:
-        printer.close()
+    # folded: while following every node (a window needs lines arriving together); --node/--rank show all
+    fold = follow and node is None and rank is None and not no_fold
+    printer = None if json_ else out.LinePrinter(follow=follow, fold=fold)
+    try:
+        final = api.logs(cluster, job_id=job, follow=follow, tail=tail, node=node, rank=rank,
+                         on_line=printer or _json_line, report=out.CLIReporter())
+    finally:
+        if printer is not None:
+            printer.close()
     if follow:
         if json_:
             _json_line({"job": final.id, "status": final.status, "exit_code": final.exit_code})
@@ -223,6 +238,7 @@ def run(
     yes: bool = YES_PAID,
     replace_bad: bool = REPLACE_BAD,
     fresh: bool = FRESH,
+    no_fold: bool = NO_FOLD,
     json_: bool = JSON,
     env: list[str] = ENV,
     num_nodes: int = NUM_NODES,
@@ -254,11 +270,13 @@ def run(
         if ov.blame(e) is e:
             raise
         raise ov.blame(e) from None
-    printer = None if json_ else out.LinePrinter()
+    printer = None if json_ else out.LinePrinter(fold=not no_fold)
     try:
         res = api.run(parsed, keep=keep, to=to, on_line=printer, report=rep,
                       html_report=not no_report, replace_bad=replace_bad, fresh=fresh)
     except KeyboardInterrupt as e:  # torn down already (api.run): say what it cost, then exit 128+N
+        if printer is not None:
+            printer.close()
         done = getattr(e, "run_result", None)
         if done is not None and done.down is not None:
             if json_:

@@ -116,31 +116,73 @@ _PALETTE = ("36", "35", "32", "33", "34", "31", "96", "95")
 
 
 class LinePrinter:
-    """``[node K rank R] text`` on stdout, coloured per rank on a TTY only."""
+    """``[node K rank R] text`` on stdout, coloured per rank on a TTY only. With ``fold``, identical lines of
+    many ranks as one, the ranks named (gtrain.cli.fold: a short window; a ticker thread shows a group once
+    its window is over), errors and tracebacks never folded."""
 
-    def __init__(self, follow: bool = True) -> None:
+    TICK_S = 0.1
+
+    def __init__(self, follow: bool = True, fold: bool = False) -> None:
+        import threading
+
         from gtrain.cli.screen import Screen
 
         self.color = _color(sys.stdout)
         # progress bars as their latest state; while following, torchrun's failure report as one line
         self.screen = Screen(collapse=follow)
+        self.folder = None
+        if fold:
+            from gtrain.cli.fold import Folder
+
+            self.folder = Folder()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
 
     def __call__(self, line: Any) -> None:
-        for text in self.screen.feed(line.node, line.rank, line.text):
-            self._write(line.node, line.rank, text)
+        with self._lock:
+            for text in self.screen.feed(line.node, line.rank, line.text):
+                if self.folder is None:
+                    self._write(line.node, line.rank, text)
+                else:
+                    self._show(self.folder.feed(line.node, line.rank, text, time.monotonic()))
+        if self.folder is not None and self._ticker is None:
+            import threading
+
+            self._ticker = threading.Thread(target=self._tick, daemon=True, name="gtrain-fold")
+            self._ticker.start()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.TICK_S):
+            with self._lock:
+                if self.folder is not None:
+                    self._show(self.folder.tick(time.monotonic()))
 
     def close(self) -> None:
-        """Show what is still held (a launcher's traceback the job ended in)."""
-        for node in sorted(self.screen.held):
-            for text in self.screen.flush(node):
-                self._write(node, None, text)
+        """Show what is still held (folded groups not yet shown, a launcher's traceback the job ended in)."""
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join(timeout=1)
+        with self._lock:
+            if self.folder is not None:
+                self._show(self.folder.flush())
+            for node in sorted(self.screen.held):
+                for text in self.screen.flush(node):
+                    self._write(node, None, text)
 
-    def _write(self, node: int, rank: int | None, text: str) -> None:
-        prefix = f"[node {node}{'' if rank is None else f' rank {rank}'}]"
-        text = clean(text, keep_sgr=True)
+    def _show(self, outs: Any) -> None:
+        for o in outs:
+            if o.members is None:
+                self._write(o.node, o.rank, o.text)
+            else:
+                self._write(o.node, o.rank, o.text, label=o.label(), more=o.suffix())
+
+    def _write(self, node: int, rank: int | None, text: str, label: str | None = None, more: str = "") -> None:
+        prefix = label or f"[node {node}{'' if rank is None else f' rank {rank}'}]"
+        text = clean(text, keep_sgr=True) + more
         if self.color:
             c = _PALETTE[(rank if rank is not None else node) % len(_PALETTE)]
-            sys.stdout.write(f"\x1b[{c}m{prefix}\x1b[0m {text}\n")
+            sys.stdout.write(f"\x1b[{'1;' if label else ''}{c}m{prefix}\x1b[0m {text}\n")
         else:
             sys.stdout.write(f"{prefix} {text}\n")
         sys.stdout.flush()

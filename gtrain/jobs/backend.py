@@ -56,6 +56,7 @@ _TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, 
 #: the node scripts' own words (``JOB/state.json`` and what gtrain says of a node it cannot ask)
 NODE_STATES: Mapping[str, JobState] = {
     "starting": JobState.PENDING,
+    "queued": JobState.PENDING,  # waiting in the cluster's queue (gtrain.remote.nodequeue)
     "setup": JobState.PENDING,
     "missing": JobState.FAILED,
     "unreachable": JobState.UNKNOWN,

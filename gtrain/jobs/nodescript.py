@@ -64,7 +64,7 @@ def launcher_of(spec: ClusterSpec, job: Job) -> tuple[str, int, dict[str, Any], 
     if found := problem(spec):  # job.fault_tolerance: torchft needs launcher torchrun (and a provider of machines)
         raise ConfigError(found[1], field=found[0])
     launcher = get_launcher(job.launcher)
-    nproc = job.nproc_per_node or launcher.default_nproc(spec.resources.gpus_per_node)
+    nproc = job.nproc_per_node or launcher.default_nproc(job.gpus_per_node or spec.resources.gpus_per_node)
     derived, notes = launcher.check(spec, spec.workdir_path(), nproc)
     block = getattr(job, job.launcher) if job.launcher in OPTION_MODELS else None
     options = {**(block.model_dump() if block is not None else {}), **derived}

@@ -27,12 +27,12 @@ from gtrain.registry import (
     _entry_points as _entry_points,
 )
 
-__all__ = ["ENTRY_POINT_GROUP", "PLANNED", "REGISTRY", "get_provider", "provider_class", "provider_names",
-           "register", "unregister"]
+__all__ = ["ENTRY_POINT_GROUP", "PLANNED", "REGISTRY", "check_providers", "get_provider", "provider_class",
+           "provider_names", "register", "unregister"]
 
 if TYPE_CHECKING:
     from gtrain.events import Reporter
-    from gtrain.providers.base import Provider
+    from gtrain.providers.base import Provider, ProviderCheck
     from gtrain.state import StateStore
 
 def register(name: str, target: str) -> None:
@@ -69,3 +69,54 @@ def get_provider(name: str, store: StateStore, report: Reporter | None = None) -
 
     return provider_class(name)(store, report or SILENT)
 
+
+
+def check_providers(names: list[str], timeout: float = 10.0) -> list[ProviderCheck]:
+    """``gtrain check``: each provider's own check (``registry.CHECKS``, else its class's ``check``), all at once,
+    read-only, in ``names``' order. A check that has not answered in ``timeout`` s is reported as such and left
+    behind on a daemon thread (it never holds the process); what it raises is its one line and its fix."""
+    import threading
+    import time
+
+    results: dict[str, ProviderCheck] = {}
+    threads = []
+    for name in names:
+        t = threading.Thread(target=_check_one, args=(name, timeout, results), daemon=True,
+                             name=f"gtrain-check-{name}")
+        t.start()
+        threads.append(t)
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    from gtrain.providers.base import ProviderCheck
+
+    return [results.get(n) or ProviderCheck(n, False, f"no answer in {timeout:g} s",
+                                            fix=f"check the network or the endpoint, then `gtrain check {n}`",
+                                            seconds=round(timeout, 2)) for n in names]
+
+
+def _check_one(name: str, timeout: float, results: dict[str, ProviderCheck]) -> None:
+    import time
+
+    from gtrain.errors import GtrainError
+    from gtrain.providers.base import ProviderCheck
+    from gtrain.registry import check_function
+
+    t0 = time.monotonic()
+    try:
+        fn = check_function(name) or getattr(provider_class(name), "check", None)
+        if fn is None:
+            got = ProviderCheck(name, False, "this provider has no check", fix="see its documentation")
+        else:
+            got = fn(timeout)
+            if not isinstance(got, ProviderCheck):
+                got = ProviderCheck(name, False, f"its check answered {type(got).__name__}, not a ProviderCheck")
+    except ModuleNotFoundError as e:
+        got = ProviderCheck(name, False, f"a module it needs is not installed ({e.name})",
+                            fix=f"pip install 'gtrain[{name}]'")
+    except GtrainError as e:
+        got = ProviderCheck(name, False, e.message if hasattr(e, "message") else str(e), fix=e.hint)
+    except Exception as e:  # noqa: BLE001 - one provider's failure is its line, never the command's
+        got = ProviderCheck(name, False, f"the check failed: {type(e).__name__}: {e}".splitlines()[0])
+    got.seconds = round(time.monotonic() - t0, 2)
+    results[name] = got

@@ -101,6 +101,25 @@ class GCResult:
                 "orphans": [asdict(o) for o in self.orphans], "left": self.left, "warnings": self.warnings}
 
 
+@dataclass
+class ProviderCheck:
+    """``gtrain check``: whether this machine can use a provider now, and if not why and the one command that
+    fixes it. Made by the provider's own check (``registry.CHECKS``), read-only; every field one line."""
+
+    provider: str
+    ok: bool
+    reason: str  # ok: what was found ("account 1234 as arn:..."); not ok: what is missing or refused
+    fix: str | None = None  # the one command (or step) that makes it usable
+    credentials: str | None = None  # what was found and where from (never the secret itself)
+    call: str | None = None  # the harmless authorised call made, and what it answered
+    quota: str | None = None  # the GPU quota in the default region, where the API tells it
+    ssh_key: str | None = None  # the SSH key gtrain will use for its nodes
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 class Provider(ABC):
     name: ClassVar[str]
     #: the provider bills at least this many seconds per node interval (EC2 and GCE: 60)

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 from gtrain.errors import ConfigError
-from gtrain.providers.base import IntervalCost, NodeStatus, Plan, Provider
+from gtrain.providers.base import IntervalCost, NodeStatus, Plan, Provider, ProviderCheck
 from gtrain.remote.base import Runner
 from gtrain.remote.local import LocalRunner
 from gtrain.spec import ClusterSpec
@@ -94,3 +94,20 @@ def _unenforced(spec: ClusterSpec) -> list[str]:
         return []
     return [f"policies {', '.join(given)}: not enforced on local (aws and gcp nodes end themselves); "
             "nothing here ends the cluster but `gtrain down`"]
+
+
+def check(timeout: float) -> ProviderCheck:
+    """``gtrain check local``: always usable (folders on this machine); the GPUs ``nvidia-smi -L`` lists."""
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    gpus = "no nvidia-smi: CPU only (gloo)"
+    if smi:
+        try:
+            p = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=timeout, check=False,
+                               stdin=subprocess.DEVNULL)
+            gpus = f"{sum(ln.startswith('GPU ') for ln in p.stdout.splitlines())} GPUs (nvidia-smi -L)"
+        except (OSError, subprocess.TimeoutExpired) as e:
+            gpus = f"nvidia-smi: {type(e).__name__}"
+    return ProviderCheck("local", True, f"this machine ({os.cpu_count()} CPUs), nodes as folders",
+                         credentials="none needed", call=None, quota=gpus, ssh_key="none: local processes")

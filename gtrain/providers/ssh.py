@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gtrain.errors import ConfigError, GtrainError, RemoteError
-from gtrain.providers.base import IntervalCost, NodeStatus, Plan, Provider
+from gtrain.providers.base import IntervalCost, NodeStatus, Plan, Provider, ProviderCheck
 from gtrain.remote.fanout import parallel
 from gtrain.remote.nodeside import ROOT_MARKER
 
@@ -322,3 +322,20 @@ def _probe_source() -> str:
     from gtrain.remote.base import nodeside_source
 
     return nodeside_source()
+
+
+def check(timeout: float) -> ProviderCheck:
+    """``gtrain check ssh``: machines a spec lists (``ssh.hosts``), so here only what reaching them needs of this
+    machine: a private key in ``~/.ssh`` or an agent (a spec may name ``identity_file`` instead); read-only."""
+    from pathlib import Path
+
+    home = Path("~/.ssh").expanduser()
+    keys = [str(p) for n in ("id_ed25519", "id_ecdsa", "id_rsa") if (p := home / n).is_file()]
+    agent = os.environ.get("SSH_AUTH_SOCK")
+    found = ", ".join(keys + ([f"ssh-agent ({agent})"] if agent else []))
+    needs = "a spec's ssh.hosts (each checked by `gtrain up`: reachable, python3, torch, GPUs, disk)"
+    if not found:
+        return ProviderCheck("ssh", False, f"no SSH key in {home} and no ssh-agent; it needs one, and {needs}",
+                             fix="ssh-keygen -t ed25519  (then ssh-copy-id user@host for each host)",
+                             ssh_key="none found")
+    return ProviderCheck("ssh", True, f"usable with {needs}", credentials=found, ssh_key=found)

@@ -31,7 +31,7 @@ from gtrain import redact
 from gtrain.errors import ClusterNotFound, GtrainError
 from gtrain.state.runs import EVENT_KINDS as EVENT_KINDS  # re-exported: the archive's public names
 from gtrain.state.runs import cluster_dir as cluster_dir
-from gtrain.state.runs import job_dir, runs_root
+from gtrain.state.runs import job_dir, kept_log, read_kept_log, runs_root, write_kept_log
 from gtrain.state.runs import read_events as read_events
 from gtrain.state.runs import record_event as record_event
 
@@ -224,24 +224,15 @@ def archive_job(ctx: Context, cluster: Cluster, job: Job, *, max_mb: float | Non
         (dest / "logs").mkdir(exist_ok=True)
 
         def keep_logs(node: int) -> tuple[int, str | None]:
-            n = 0
-            path = dest / "logs" / f"node-{node}.log"
-            tmp = path.with_suffix(".tmp")
+            path = kept_log(ctx.store.home, cluster.id, job.id, node)
             try:
-                with open(tmp, "w", encoding="utf-8") as f:
-                    for item in backend.log_iter(job, node, tail=MAX_LOG_LINES):
-                        if isinstance(item, LogLine):
-                            tag = "-" if item.rank is None else str(item.rank)
-                            f.write(f"{tag}\t{redact.scrub(item.text)}\n")
-                            n += 1
-                if n == 0 and path.exists() and path.stat().st_size:  # its lines went with the job (pods
-                    tmp.unlink()  # deleted by a cancel): what was kept before stays
-                    return n, None
-                os.replace(tmp, path)
+                got = [(i.rank, i.text) for i in backend.log_iter(job, node, tail=MAX_LOG_LINES)
+                       if isinstance(i, LogLine)]
+                if not got and path.exists() and path.stat().st_size:  # its lines went with the job (pods
+                    return 0, None  # deleted by a cancel): what was kept before stays
+                return write_kept_log(path, got), None
             except GtrainError as e:
-                tmp.unlink(missing_ok=True)
-                return n, f"node {node}: could not keep its logs: {e.message}"
-            return n, None
+                return 0, f"node {node}: could not keep its logs: {e.message}"
 
         for n, warn in parallel(keep_logs, list(range(cluster.num_nodes))):
             res.log_lines += n
@@ -284,13 +275,8 @@ def archived_log_lines(home: Path, cluster_id: str, job_id: str, *, nodes: list[
     for node in picked:
         if nodes is not None and node not in nodes:
             continue
-        items = []
-        with open(logs / f"node-{node}.log", encoding="utf-8", errors="replace", newline="\n") as f:  # a \r stays
-            for raw in f:
-                tag, _, text = raw.rstrip("\n").partition("\t")
-                r = int(tag) if tag.isdigit() else None
-                if rank is None or r == rank:
-                    items.append(LogLine(node, r, text))
+        items = [LogLine(node, r, text) for r, text in read_kept_log(logs / f"node-{node}.log")
+                 if rank is None or r == rank]
         if tail is not None:
             items = items[-tail:] if tail else []
         yield from items

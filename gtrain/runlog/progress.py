@@ -56,8 +56,14 @@ class Live:
 
     def __init__(self, cluster: Cluster, job: JobRecord, ctx: Context, timeout: float = NODE_TIMEOUT_S) -> None:
         self.answers: list[dict[str, Any] | None] | None = None
+        # what the thread needs is imported here, on the caller's thread: two threads importing the same
+        # packages at once can deadlock (lightkube's did, under `status`); and only node-script backends' runners
+        # reach the job's folders (kubernetes, slurm and ray keep their metrics elsewhere)
+        from gtrain.jobs import nodescript  # noqa: F401
+        from gtrain.remote import fanout, local  # noqa: F401
+
         try:
-            runners = ctx.runners(cluster)
+            runners = ctx.runners(cluster) if ctx.backend(cluster).name == "node-script" else []
         except GtrainError:
             runners = []
         self._thread = threading.Thread(target=self._run, args=(runners, job.id, timeout), daemon=True,

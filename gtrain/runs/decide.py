@@ -20,6 +20,8 @@ from typing import Any
 
 #: what the provider says of a node that is gone
 LOST = ("preempted", "terminated", "missing", "stopped", "unreachable")
+#: what the provider says of a node that is certainly gone (a machine that is stopped or unreachable may come back)
+GONE_FOR_SURE = ("preempted", "terminated", "missing")
 #: this many failures in a row without progress (no new checkpoint in the store) is a crash loop
 CRASH_LOOP = 3
 #: exit codes of a rank killed by SIGKILL (bash's 128+9; -9 where the agent reports the signal): recovered as
@@ -257,6 +259,11 @@ def signalled(obs: Observed) -> tuple[list[NodeLost], list[int]]:
             lost.setdefault(r, NodeLost(r, word, detail))
         elif r not in gone:
             gone.append(r)
+    if lost or gone:  # a recovery happens: a node the provider also says is gone must be made again for it
+        seen = {**{r: (n.provider, n.provider_detail) for r, n in last.items()}, **words}
+        for r, (word, detail) in seen.items():
+            if word in GONE_FOR_SURE and r not in lost:
+                lost[r] = NodeLost(r, word, detail)
     return sorted(lost.values(), key=lambda n: n.rank), [r for r in gone if r not in lost]
 
 

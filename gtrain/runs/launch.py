@@ -92,8 +92,15 @@ class LaunchResult:
 
 
 def launch(cluster: Cluster, spec: ClusterSpec, ctx: Context, *, force: bool = False,
-           dry_run: bool = False, replace_bad: bool = False, fresh: bool = False) -> LaunchResult:
+           dry_run: bool = False, replace_bad: bool = False, fresh: bool = False, queue: bool = False,
+           priority: int | None = None) -> LaunchResult:
     _job, local_workdir = check_job(spec, dry_run=dry_run)
+    queue = queue or _job.queue  # the cluster's queue: the job waits its turn (docs/queue.md)
+    from gtrain.spec.queue import problem as queue_problem
+
+    if found := queue_problem(spec, _job, cluster.num_nodes):  # job.gpus_per_node: what a node can give
+        raise ConfigError(found[1], field=found[0])
+    prio = _job.priority if priority is None else priority
     if cluster.status == "stopped" and not dry_run:
         raise ConfigError(f"cluster {cluster.name} is stopped: nothing can run on its nodes",
                           hint=f"`gtrain start {cluster.name}` brings them back", field="CLUSTER")
@@ -102,6 +109,10 @@ def launch(cluster: Cluster, spec: ClusterSpec, ctx: Context, *, force: bool = F
 
         raise cannot_replace(cluster.provider)
     backend = ctx.backend(cluster)
+    if queue:
+        from gtrain.jobs.queue import check_queueable
+
+        check_queueable(backend, _job)
     if dry_run:
         plan = backend.dryrun(JobRequest(cluster, spec, DRY_RUN_ID, local_workdir))
         return LaunchResult(DRY_RUN_ID, cluster.name, "dry-run", plan.files, str(plan.info.get("master", "")),
@@ -110,6 +121,8 @@ def launch(cluster: Cluster, spec: ClusterSpec, ctx: Context, *, force: bool = F
     from gtrain.locks import cluster_lock
 
     with cluster_lock(ctx.store.home, cluster.name, "launch"):  # one job start at a time per cluster
+        if queue:
+            return _enqueue(cluster, spec, ctx, backend, local_workdir, prio, fresh=fresh)
         active = active_job(cluster, ctx)
         if active is not None:
             if not force:
@@ -149,3 +162,33 @@ def launch(cluster: Cluster, spec: ClusterSpec, ctx: Context, *, force: bool = F
     master = str(plan.info.get("master", ""))
     ctx.report.info(f"job {plan.job_id} started on {cluster.num_nodes} node(s), rendezvous {master}")
     return LaunchResult(plan.job_id, cluster.name, JobState.RUNNING.value, master=master, backend=backend.name)
+
+
+def _enqueue(cluster: Cluster, spec: ClusterSpec, ctx: Context, backend: Any, local_workdir: str, priority: int,
+             *, fresh: bool) -> LaunchResult:
+    """``launch --queue``: the job shipped and put in the cluster's queue on its nodes, whatever runs there now
+    (no preflight: the GPUs may be busy with the job before it); recorded ``pending`` with ``info.queued``."""
+    from gtrain.jobs.queue import enqueue, reserve
+
+    job_id = new_job_id(cluster.name)
+    request = reserve(backend, JobRequest(cluster, spec, job_id, local_workdir))
+    plan = backend.dryrun(request)
+    prepare_checkpoints(plan, backend, ctx.report, fresh=fresh)
+    ctx.store.create_job(cluster.id, plan.job_id, {**plan.info, "queued": True, "priority": priority})
+    try:
+        seq = enqueue(backend, plan, priority, ctx.report)
+    except BaseException as exc:
+        reason = exc.message if isinstance(exc, GtrainError) else type(exc).__name__
+        ctx.store.update_job(plan.job_id, status=JobState.FAILED.value, exit_code=1,
+                             info={**ctx.store.get_job(plan.job_id).info, "final": True, "error": reason})
+        raise
+    ctx.store.update_job(plan.job_id, status=JobState.PENDING.value,
+                         info={**ctx.store.get_job(plan.job_id).info, "queued_at": seq})
+    ctx.event(cluster, "launch", job=plan.job_id, msg=f"queued (priority {priority}): {plan.info.get('run', '')}")
+    from gtrain.runs.attach import write_record
+
+    write_record(ctx, cluster)
+    ctx.report.info(f"job {plan.job_id} queued on {cluster.num_nodes} node(s), priority {priority}: the nodes "
+                    f"start it when its turn comes (`gtrain queue {cluster.name}`)")
+    return LaunchResult(plan.job_id, cluster.name, "queued", master=str(plan.info.get("master", "")),
+                        backend=backend.name)

@@ -166,6 +166,12 @@ class Job(_Model):
     checkpoint_tuning: CheckpointTuning | None = Field(
         None, description="`{settle_s: 10, poll_s: 2, notice_poll_s: 5}`: the uploader's timings; see docs/durable.md")
     python: str | None = Field(None, description="interpreter on the nodes (default: python3; local: this one)")
+    queue: bool = Field(False, description="on a busy cluster, wait in the cluster's queue (on its nodes) instead "
+                        "of failing, as `launch --queue`; see docs/queue.md")
+    priority: Int = Field(0, ge=-1000, le=1000, description="a queued job's place: higher starts first, then the "
+                          "earliest queued (`launch --priority`)")
+    gpus_per_node: Int | None = Field(None, ge=1, le=64, description="GPUs of a node the job takes (default: all); "
+                                      "fewer, with `queue`: jobs side by side on a one-node cluster; see docs/queue.md")
     image: Annotated[str | None, AfterValidator(check_image)] = Field(
         None, description="container image every node runs the job in (`nvcr.io/nvidia/pytorch:25.01-py3`); "
         "required on kubernetes; see docs/containers.md")

@@ -38,6 +38,8 @@ OWNED = {
     "--init": "gtrain runs an init process",
     "--pid": "gtrain shares the host's PID namespace (c10d names a node by host name and pid)",
     "--volumes-from": "another container's volumes break the job's isolation; use job.container.mounts",
+    "--privileged": "every device and capability of the host; add only what the job needs with "
+                    "--cap-add=NAME / --device=PATH",
 }
 #: docker's one-letter flags that take a value (the rest of `-vX` is its value); the others combine (`-itd`)
 SHORT_WITH_VALUE = set("acehlmpuvw")

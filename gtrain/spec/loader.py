@@ -10,7 +10,11 @@
   ``yes``, ``12:30`` and ``1_000`` stay as they are; quoted and block scalars keep their spaces and
   newlines), never converted through a YAML number or boolean; a list or mapping there is refused;
 - a mapping key is the name as written: ``on:`` (``policies.recovery.on``) is the key ``"on"``, not YAML
-  1.1's ``True`` (values keep their YAML types: ``enabled: yes`` is still true).
+  1.1's ``True`` (values keep their YAML types: ``enabled: yes`` is still true);
+- a YAML merge key (``<<: *base``) is refused anywhere in a spec: it hides which value a field gets, and the
+  duplicate-key check cannot see through it (an alias of a whole value, ``x: *base``, is fine). A file that is
+  not a spec (a kubeconfig, an accelerate config file: their own tools take merge keys) is read with
+  ``load(..., merge=True)``.
 
 Every refusal is a :class:`~gtrain.errors.ConfigError` (exit 2) naming the file, the line and the field.
 """
@@ -34,8 +38,6 @@ MAX_KEYS = 5_000  # keys of one mapping, items of one list: real ones hold tens 
 #                  composing 24,000 keys or 45,000 items took over 1 s of CPU
 STR_TAG = "tag:yaml.org,2002:str"
 MERGE_TAG = "tag:yaml.org,2002:merge"
-#: sections where a merge key is refused: what reaches the cluster's API server is written out
-NO_MERGE = ("kubernetes",)
 NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
 MAX_DIGITS = 100  # Python refuses to convert an integer of 4,300 digits; no field needs 100
 BOOL_TAG = "tag:yaml.org,2002:bool"
@@ -60,9 +62,10 @@ else:
 class _SpecLoader(_Base):
     """SafeLoader whose composer counts depth and expanded size and rejects duplicate keys."""
 
-    def __init__(self, stream: str, source: str) -> None:
+    def __init__(self, stream: str, source: str, merge: bool = False) -> None:
         super().__init__(stream)
         self.source = source
+        self.merge = merge  # False (a spec): a merge key is refused, wherever it is
         self.path: list[Any] = []
         self.sizes: dict[int, int] = {}  # id(node) -> its size with aliases expanded; absent while composing
 
@@ -152,8 +155,8 @@ class _SpecLoader(_Base):
             job = _get(node, "job")
             if isinstance(job, MappingNode):
                 job.value = [(k, self._env_as_text(v) if _is_key(k, "env") else v) for k, v in job.value]
-            for section in NO_MERGE:
-                self._no_merge(_get(node, section), [section])
+        if not self.merge:
+            self._no_merge(node, [])
         return node
 
     def _no_merge(self, node: Node | None, path: list[Any]) -> None:
@@ -164,8 +167,9 @@ class _SpecLoader(_Base):
         elif isinstance(node, MappingNode):
             for key, value in node.value:
                 if key.tag == MERGE_TAG:
-                    raise self.refuse(key, "a YAML merge key (<<) is not allowed in this section",
-                                      "write the fields out (an alias of a whole value is fine)", path=path)
+                    raise self.refuse(key, "a YAML merge key (<<) is not allowed in a spec: it hides which "
+                                      "value a field gets", "write the fields out (an alias of a whole value, "
+                                      "`x: *base`, is fine)", path=path)
                 self._no_merge(value, [*path, key.value if isinstance(key, ScalarNode) else "?"])
 
     def _env_as_text(self, env: Node) -> Node:
@@ -206,14 +210,15 @@ def _text(node: Node) -> Node:
     return ScalarNode(STR_TAG, node.value, node.start_mark, node.end_mark, style=node.style)
 
 
-def load(text: str, source: str) -> Any:
-    """Parse one YAML document of a spec file under the limits above."""
+def load(text: str, source: str, *, merge: bool = False) -> Any:
+    """Parse one YAML document of a spec file under the limits above (``merge``: allow merge keys, for a file
+    that is not a spec)."""
     if len(text) > MAX_BYTES:
         raise ConfigError(f"{source} is over {MAX_BYTES >> 20} MiB; a spec is a few KiB",
                           hint="is this the right file?", field="SPEC")
     loader = None
     try:
-        loader = _SpecLoader(text, source)  # its reader refuses NUL and control characters at once
+        loader = _SpecLoader(text, source, merge)  # its reader refuses NUL and control characters at once
         return loader.get_single_data()
     except ValueError as e:  # a 100,000-digit integer: Python refuses to convert it
         raise ConfigError(f"{source}: {dotted_path(loader.path if loader else []) or 'SPEC'}: a number this "

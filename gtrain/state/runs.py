@@ -5,13 +5,16 @@ records events here without loading the archive's readers."""
 from __future__ import annotations
 
 import json
+import os
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from gtrain import redact
 
-__all__ = ["EVENT_KINDS", "cluster_dir", "job_dir", "read_events", "record_event", "runs_root"]
+__all__ = ["EVENT_KINDS", "cluster_dir", "job_dir", "kept_log", "read_events", "read_kept_log", "record_event",
+           "runs_root", "write_kept_log"]
 
 EVENT_KINDS = ("up", "launch", "recovery", "preflight", "down")
 
@@ -26,6 +29,39 @@ def cluster_dir(home: Path, cluster_id: str) -> Path:
 
 def job_dir(home: Path, cluster_id: str, job_id: str) -> Path:
     return cluster_dir(home, cluster_id) / "jobs" / job_id
+
+
+def kept_log(home: Path, cluster_id: str, job_id: str, node: int) -> Path:
+    """Node K's kept lines of a job: ``logs/node-K.log``, one ``TAG<TAB>TEXT`` line each (TAG: global rank, or -)."""
+    return job_dir(home, cluster_id, job_id) / "logs" / f"node-{node}.log"
+
+
+def write_kept_log(path: Path, lines: Iterable[tuple[int | None, str]]) -> int:
+    """Write (rank, text) lines to ``path`` (through a temporary file, secrets scrubbed); returns how many."""
+    n = 0
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for rank, text in lines:
+                f.write(f"{'-' if rank is None else rank}\t{redact.scrub(text)}\n")
+                n += 1
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)
+    return n
+
+
+def read_kept_log(path: Path) -> Iterator[tuple[int | None, str]]:
+    """The (rank, text) lines :func:`write_kept_log` wrote (none when there is no such file)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace", newline="\n") as f:  # a \r stays in its line
+            for raw in f:
+                tag, _, text = raw.rstrip("\n").partition("\t")
+                yield (int(tag) if tag.isdigit() else None), text
+    except FileNotFoundError:
+        return
 
 
 def record_event(home: Path, cluster_id: str, kind: str, *, t: float | None = None, **fields: Any) -> dict[str, Any]:

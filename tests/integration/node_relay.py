@@ -85,7 +85,9 @@ def aws_gone(ids: list[str]) -> set[str]:
 def gcp_public_keys(name: str) -> list[str]:
     endpoint = os.environ["CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE"].rstrip("/")
     project = os.environ["GOOGLE_CLOUD_PROJECT"]
-    with urllib.request.urlopen(f"{endpoint}/projects/{project}/aggregated/instances", timeout=10) as r:
+    req = urllib.request.Request(f"{endpoint}/projects/{project}/aggregated/instances",
+                                 headers={"Authorization": f"Bearer {os.environ.get('GTRAIN_TEST_GOOGLE_TOKEN', '')}"})
+    with urllib.request.urlopen(req, timeout=10) as r:
         scopes = json.load(r).get("items", {})
     inst = next(i for s in scopes.values() for i in s.get("instances", []) if i["name"] == name)
     items = {i["key"]: i["value"] for i in inst.get("metadata", {}).get("items", [])}
@@ -97,8 +99,9 @@ def tpu_public_keys(worker: str) -> list[str]:
     """The ``ssh-keys`` metadata of the TPU node whose worker ``<node>-wN`` is %h, from the TPU API (the fake in
     CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU), as the TPU VM's guest environment installs it on every worker."""
     endpoint = os.environ["CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU"].rstrip("/")
-    with urllib.request.urlopen(f"{endpoint}/v2/projects/{os.environ['GOOGLE_CLOUD_PROJECT']}/locations/-/nodes",
-                                timeout=10) as r:
+    req = urllib.request.Request(f"{endpoint}/v2/projects/{os.environ['GOOGLE_CLOUD_PROJECT']}/locations/-/nodes",
+                                 headers={"Authorization": f"Bearer {os.environ.get('GTRAIN_TEST_GOOGLE_TOKEN', '')}"})
+    with urllib.request.urlopen(req, timeout=10) as r:
         nodes = json.load(r).get("nodes", [])
     node = next(n for n in nodes if n["name"].rsplit("/", 1)[-1] == worker.rsplit("-w", 1)[0])
     return [" ".join(line.split(":", 1)[1].split()[:2]) for line in node["metadata"]["ssh-keys"].splitlines() if line]

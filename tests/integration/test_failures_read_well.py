@@ -33,7 +33,8 @@ def gtrain(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_failed_run_names_the_first_rank_and_keeps_the_report_in_the_log(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(TRAIN)
     (tmp_path / "spec.yaml").write_text("name: fail-read\nnum_nodes: 2\njob: {run: train.py, nproc_per_node: 2}\n")
-    r = gtrain("run", "spec.yaml", "--no-report", cwd=tmp_path)
+    # --no-fold: every rank's own bar (the 4 identical ones folded into one is test_logs_fold_local.py's)
+    r = gtrain("run", "spec.yaml", "--no-report", "--no-fold", cwd=tmp_path)
     assert r.returncode == 3, r.stderr
     # the end of the run: who failed first, its exit code, its last lines (after the job's own lines)
     end = r.stderr[r.stderr.index("failed first"):]

@@ -372,6 +372,7 @@ def test_dry_run_plan(tmp_path: Path, gtrain_home: Path, fake_gce: FakeGCE) -> N
 
 def test_no_project_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GOOGLE_CLOUD_PROJECT")
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS")  # a service account key names its project
     ctx = context()
     with pytest.raises(ConfigError) as ei:
         core.up(spec("gcp-noproj", 1), ctx)
@@ -393,13 +394,14 @@ def test_ssh_cidr_auto_fails_soft_without_internet(monkeypatch: pytest.MonkeyPat
 
 def test_clients_injected_through_the_constructor(fake_gce: FakeGCE, monkeypatch: pytest.MonkeyPatch) -> None:
     from google.api_core.client_options import ClientOptions
-    from google.auth.credentials import AnonymousCredentials
     from google.cloud import compute_v1
+    from google.oauth2.credentials import Credentials
 
     from gtrain.providers.gcp.api import GCEClients
+    from tests.fixtures.fake_gce import GOOGLE_TOKEN
 
     monkeypatch.delenv("CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE")  # only the injected clients know the fake
-    kw: dict[str, Any] = {"credentials": AnonymousCredentials(), "transport": "rest",
+    kw: dict[str, Any] = {"credentials": Credentials(token=GOOGLE_TOKEN), "transport": "rest",
                           "client_options": ClientOptions(api_endpoint=fake_gce.endpoint)}
     clients = GCEClients(compute_v1.InstancesClient(**kw), compute_v1.ZoneOperationsClient(**kw),
                          compute_v1.FirewallsClient(**kw), compute_v1.GlobalOperationsClient(**kw))
@@ -416,6 +418,7 @@ def test_no_credentials_is_a_credentials_error(monkeypatch: pytest.MonkeyPatch) 
     from gtrain.errors import CredentialsError
 
     monkeypatch.delenv("CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE")  # the real endpoint: credentials are needed
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS")  # (the fake's service account key: none here)
     monkeypatch.setenv("NO_GCE_CHECK", "True")  # and there is no metadata server here
     ctx = context()
     with pytest.raises(CredentialsError) as ei:

@@ -73,3 +73,31 @@ def test_hint_exec_status_gpus_rank_exit_and_logs_after_down(kube: FakeKube, tmp
     for r in range(4):
         assert f"slurm rank {r} step 3 sum 10.0" in kept.stdout, kept.stdout[-3000:]
     assert "rank-exit" not in kept.stdout
+
+
+def test_logs_after_cancel_keep_the_jobs_lines(kube: FakeKube, tmp_path: Path) -> None:
+    """`cancel` deletes the job's pods, and their logs with them: the lines are kept first (as `down` does), so
+    `gtrain logs` after a cancel prints them (it printed nothing, exit 0), `--tail` and `--rank` included."""
+    path = spec(tmp_path, "k8s-cancel", "slurm_train.py --steps 600 --step-s 0.1")
+    assert cli(kube, tmp_path, "up", path).returncode == 0
+    try:
+        assert cli(kube, tmp_path, "launch", path).returncode == 0
+
+        def past_step_3() -> bool:  # any step of rank 3 from the 3rd on (the job steps every 0.1 s)
+            steps = re.findall(r"slurm rank 3 step (\d+) ", cli(kube, tmp_path, "logs", "k8s-cancel", "--tail",
+                                                               "20").stdout)
+            return any(int(n) >= 3 for n in steps)
+
+        wait_for(past_step_3)
+        cancelled = cli(kube, tmp_path, "cancel", "k8s-cancel")
+        assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+        assert [n for n in kube.labelled("gtrain.dev/job") if n[0] == "pods"] == []  # the pods are gone
+        kept = cli(kube, tmp_path, "logs", "k8s-cancel")
+        assert kept.returncode == 0, kept.stderr
+        for r in range(4):
+            assert f"slurm rank {r} step 3 sum 10.0" in kept.stdout, kept.stdout[-3000:]
+        assert "rank-exit" not in kept.stdout
+        one = cli(kube, tmp_path, "logs", "k8s-cancel", "--rank", "1", "--tail", "2").stdout.splitlines()
+        assert len(one) == 2 and all("slurm rank 1 " in x for x in one), one
+    finally:
+        cli(kube, tmp_path, "down", "k8s-cancel", "--yes")

@@ -126,3 +126,29 @@ def _up_with_preempted_rank(fake: FakeLambda, s: dict[str, Any], rank: int) -> N
         gtrain.up(parse_spec(s))
     finally:
         del fake._launch
+
+
+def test_gc_lists_and_cleans_a_preempted_orphan(fake_lambda: FakeLambda, gtrain_home: Path) -> None:
+    """A preempted instance runs nothing but is still listed and still holds the cluster's SSH key (a DELETE of
+    the key answers ``ssh-keys/key-in-use``): `gc` must list it, terminate it and then delete the key."""
+    before = everything(fake_lambda)
+    api = LambdaAPI()
+    api.add_ssh_key("gtrain-preorph1", PUB)
+    iid = api.launch("us-east-1", "gpu_1x_a10", "gtrain-preorph1", "gtrain-preorph1-0", [])[0]
+    with fake_lambda.lock:
+        fake_lambda.instances[iid]["status"] = "preempted"
+    store = StateStore()
+    try:
+        p = get_provider("lambda", store)
+        with fake_lambda.lock:  # another test's cluster in the session's fake is not this test's to sweep
+            others = {str(i["name"]).rsplit("-", 1)[0][len("gtrain-"):] for i in fake_lambda.instances.values()}
+            others |= {str(k["name"])[len("gtrain-"):] for k in fake_lambda.keys.values()}
+        others.discard("preorph1")
+        found = p.gc(None, others, delete=False)
+        mine = sorted((o.kind, o.id) for o in found.orphans if o.cluster_id == "preorph1")
+        assert mine == [("instance", iid), ("ssh-key", "gtrain-preorph1")], found.orphans
+        done = p.gc(None, others, delete=True)
+        assert done.deleted and done.left == [], done.left
+    finally:
+        store.close()
+    assert everything(fake_lambda) == before

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import urllib.parse
 from pathlib import Path
 
@@ -55,8 +56,10 @@ def test_job_secret_masked_on_the_node(provider: str, request: pytest.FixtureReq
     work = tmp_path / "work"
     work.mkdir()
     (work / "train.py").write_text(TRAIN)
+    (work / "setup_print.py").write_text(TRAIN.replace('print("done", flush=True)', 'print("setup done", flush=True)'))
     cfg: dict[str, object] = {"name": f"src-{provider}", "provider": provider, "num_nodes": 1,
                               "job": {"workdir": str(work), "run": "train.py", "secrets": ["MYSEC"],
+                                      "setup": "python3 setup_print.py",  # job.setup's output, streamed at launch
                                       "env": {"OMP_NUM_THREADS": "1"}}}
     if provider == "ssh":
         from gtrain.remote import ssh as sshmod
@@ -73,6 +76,8 @@ def test_job_secret_masked_on_the_node(provider: str, request: pytest.FixtureReq
         assert r.returncode == 0, r.stderr[-3000:]
         r = _gtrain("launch", str(spec), cwd=tmp_path, secret=True)
         assert r.returncode == 0, r.stderr[-3000:]
+        assert "setup done" in r.stdout + r.stderr, (r.stdout + r.stderr)[-3000:]
+        _clean(r.stdout + r.stderr, "launch (job.setup's output)")
         follow = _gtrain("logs", name, "-f", cwd=tmp_path, secret=False)  # the CI flow: no secret here
         out = follow.stdout + follow.stderr
         assert "raw ***" in out and "done" in out and "progress 100%" in out, out[-3000:]
@@ -140,3 +145,62 @@ def test_a_process_the_rank_leaves_behind_does_not_hold_the_jobs_end(tmp_path: P
     finally:
         _gtrain("down", "src-linger", cwd=tmp_path, secret=False)
         subprocess.run(["pkill", "-f", "sleep 127.25"], check=False)
+
+
+def test_ray_checkpoint_tool_secrets_not_in_the_jobs_api_or_rays_logs(ray_cluster: object, moto_server: str,
+                                                                     tmp_path: Path) -> None:
+    """Ray, the checkpoint tool's own Ray jobs (the store's write probe at launch, gtrain.providers.ray.execjob):
+    the store's credentials (job.secrets) reach the tool on its stdin through a one-off GCS package the
+    entrypoint deletes once read, never the exec job's runtime_env (the Jobs API and Ray's logs showed them),
+    and the tool's output is masked before Ray stores it."""
+    import urllib.request
+
+    import yaml
+
+    from tests.integration.test_ray import bucket, cli, spec
+
+    address = str(ray_cluster.address)  # type: ignore[attr-defined]
+    store = bucket("ray-exec-mask")
+    path = Path(spec(tmp_path, "ray-exec-mask", "ok.py", address, num_nodes=1))
+    (tmp_path / "work" / "ok.py").write_text(  # one checkpoint for the store: `run` pulls it and goes down
+        "import os\nos.makedirs('ckpt', exist_ok=True)\nopen('ckpt/step-0001.pt', 'wb').write(b'w' * 64)\n"
+        "print('done', flush=True)\n")
+    doc = yaml.safe_load(path.read_text())
+    doc["job"].update({"checkpoint_dir": "ckpt", "checkpoint_store": store, "nproc_per_node": 1,
+                       "secrets": ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"],
+                       "env": {"OMP_NUM_THREADS": "1", "AWS_ENDPOINT_URL": moto_server,
+                               "AWS_DEFAULT_REGION": "us-east-1"}})
+    path.write_text(yaml.safe_dump(doc))
+    seen: list[str] = []
+    stop = threading.Event()
+
+    def watch() -> None:  # the Jobs API while the tool's Ray jobs exist (each is deleted once read)
+        while not stop.is_set():
+            try:
+                with urllib.request.urlopen(f"{address.rstrip('/')}/api/jobs/", timeout=5) as r:
+                    seen.append(r.read().decode())
+            except OSError:
+                pass
+            stop.wait(0.2)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    try:
+        res = cli(tmp_path, "run", str(path), "--no-report", "--to", str(tmp_path / "pulled"),
+                  env={"AWS_SECRET_ACCESS_KEY": SECRET})
+    finally:
+        stop.set()
+        t.join(10)
+        cli(tmp_path, "down", "ray-exec-mask", "--yes")
+    out = res.stdout + res.stderr
+    assert res.returncode == 0 and "writable from every node" in out and "done" in out, out[-4000:]
+    assert any("gtrain-exec-" in s for s in seen), "the Jobs API never showed the tool's Ray job"
+    _clean(out, "run")
+    for i, answer in enumerate(seen):
+        _clean(answer, f"Jobs API answer {i}")
+    root = Path(str(ray_cluster.root))  # type: ignore[attr-defined]
+    for p in [*root.rglob("*.log"), *root.rglob("*.out"), *root.rglob("*.err"), *(tmp_path / "home").rglob("*")]:
+        if p.is_file():
+            data = p.read_bytes()
+            for form in _forms():
+                assert form.encode() not in data, (p, form)

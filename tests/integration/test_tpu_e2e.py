@@ -74,7 +74,8 @@ def test_run_jax_psum_on_a_two_worker_slice_then_gc_finds_an_orphan(fake_tpu: Fa
 
     req = urllib.request.Request(f"{fake_tpu.endpoint}/v2/projects/gtrain-test/locations/us-central2-b/nodes"
                                  "?nodeId=orphan-0123abcd", data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json",
+                                          "Authorization": f"Bearer {fake_tpu.token}"})
     urllib.request.urlopen(req, timeout=10).close()
     provider = GCPProvider(StateStore(), Context(store=StateStore()).report)
     found = provider.gc(None, set(), delete=True)

@@ -55,6 +55,7 @@ def reachable(fake_tpu: FakeTPU, ssh_hosts: Any, monkeypatch: pytest.MonkeyPatch
     """A fake TPU API and a metadata server on the hosts' bridge address (127.0.0.1 in loopback mode)."""
     addr = f"{ssh_hosts.subnet}.1" if ssh_hosts.mode == "netns" else "127.0.0.1"
     fake = FakeTPU()
+    fake.tokens |= {*fake_tpu.tokens, TOKEN}  # gtrain's (the session's credentials) and worker 0's own
     api = serve(fake, addr)
     meta = ThreadingHTTPServer((addr, 0), _Metadata)
     meta.daemon_threads = True
@@ -143,9 +144,10 @@ def test_the_self_delete_of_a_queued_slice(fake_tpu: FakeTPU, tmp_path: Path) ->
         "acceleratorType": "v4-8", "runtimeVersion": "tpu-ubuntu2204-base", "labels": {"gtrain-cluster": "selfdel-q"},
         "networkConfig": {"network": "global/networks/default"},
         "metadata": {"ssh-keys": "gtrain:ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAISelfDelete gtrain"}}}]}, "guaranteed": {}}
+    fake_tpu.tokens.add(TOKEN)  # the metadata server's, which the self-delete sends
     req = urllib.request.Request(f"{fake_tpu.endpoint}/v2/{parent}/queuedResources?queuedResourceId=selfdel-q",
                                  data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"})
     urllib.request.urlopen(req, timeout=10).close()
     deadline = time.monotonic() + 10
     while not fake_tpu.of_cluster("selfdel-q")["node"] and time.monotonic() < deadline:

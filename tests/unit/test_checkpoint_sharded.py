@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gtrain.checkpoints.node import complete, entries
-from gtrain.checkpoints.sharded import dcp_data_files, missing, requires
+from gtrain.checkpoints.sharded import dcp_data_files, dcp_finished, missing, requires, zero_world
 from gtrain.checkpoints.store import Checkpoint, restorable
 
 
@@ -143,3 +143,89 @@ def test_a_dcp_shard_folder_without_metadata_waits_for_the_settle_time(tmp_path:
     files = entries(tmp_path)["step-5"]
     assert not complete(tmp_path, "step-5", files, settle_s=3600, final=False)
     assert requires(tmp_path, "step-5", files) is None
+
+
+def test_zero_families_keep_their_bf16_prefix_in_the_gap_rule() -> None:
+    name = "global_step2"
+    files = [f"{name}/mp_rank_00_model_states.pt", f"{name}/bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt",
+             f"{name}/bf16_zero_pp_rank_2_mp_rank_00_optim_states.pt"]
+    c = _ckpt(name, {0: _manifest(0, files, 2.0)})
+    assert c.lacks == ("zero", [f"{name}/bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"])
+
+
+def test_zero_world_from_the_model_states_replaces_the_previous_writers_rule() -> None:
+    """The node holding the model states names every rank's file (``requires``, from their dp_world_size):
+    then that decides, not the nodes that wrote the previous step (a run resumed on one node)."""
+    name = "global_step10"
+    req = [f"{name}/mp_rank_00_model_states.pt", f"{name}/zero_pp_rank_0_mp_rank_00_optim_states.pt"]
+    one = _ckpt(name, {0: _manifest(0, req, 10.0, req)}, expected={0, 1})
+    assert one.lacks == ("zero", []) and one.complete
+    two = [*req, f"{name}/zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+    short = _ckpt(name, {0: _manifest(0, req, 10.0, two)}, expected={0})  # rank 1's file never came
+    assert short.lacks == ("zero", [two[-1]]) and not short.complete
+
+
+def _rank_part(name: str, rank: int, rows: int, world: int, *, meta: bool = True) -> dict[str, Any]:
+    """Rank ``rank``'s pieces of a (rows x 4) tensor split by rows over ``world`` ranks, as describe() gives."""
+    per = rows // world
+    info = {"files": [f"__{rank}_0.distcp"],
+            "chunks": {"w": [[rows, 4], [[[rank * per, 0], [per, 4]]]], "step": [[], [[[], []]]], "extra": None}}
+    files = [f"{name}/__{rank}_0.distcp"] + ([f"{name}/__{rank}.metadata"] if meta else [])
+    doc = _manifest(rank, files, 5.0)
+    if meta:
+        doc["dcp_ranks"] = {str(rank): info}
+    return doc
+
+
+def test_dcp_without_a_coordinator_is_whole_when_every_rank_metadata_covers_the_tensors() -> None:
+    name = "step-5"
+    whole = _ckpt(name, {r: _rank_part(name, r, 8, 2) for r in (0, 1)}, expected={0, 1, 2})
+    assert whole.lacks == ("dcp", []) and whole.complete  # the pieces cover: the previous writers do not decide
+    top = _ckpt(name, {0: _rank_part(name, 0, 8, 2)})  # rank 1 wrote nothing: rows 4..7 of w are nowhere
+    assert top.lacks == ("dcp", [f"{name}/__1.metadata"]) and not top.complete
+    gap = _ckpt(name, {r: _rank_part(name, r, 12, 3) for r in (0, 2)})
+    assert gap.lacks == ("dcp", [f"{name}/__1.metadata"]) and not gap.complete
+    half = _ckpt(name, {0: _rank_part(name, 0, 8, 2), 1: _rank_part(name, 1, 8, 2, meta=False)})
+    assert half.lacks == ("dcp", [f"{name}/__1.metadata"]) and not half.complete  # its data, no metadata yet
+    unread = _rank_part(name, 1, 8, 2)
+    del unread["dcp_ranks"]  # a __1.metadata the uploader could not read: no rule, the previous writers decide
+    odd = _ckpt(name, {0: _rank_part(name, 0, 8, 2), 1: unread}, expected={0, 1})
+    assert odd.lacks == ("dcp", None) and odd.complete
+
+
+def test_a_rank_local_dcp_part_is_finished_once_each_ranks_metadata_follows_its_data(tmp_path: Path) -> None:
+    import os
+
+    step = tmp_path / "step-5"
+    step.mkdir()
+    for n in ("__0_0.distcp", "__1_0.distcp", "__0.metadata"):
+        (step / n).write_bytes(b"x")
+    os.utime(step / "__0_0.distcp", (100, 100))
+    os.utime(step / "__1_0.distcp", (100, 100))
+    os.utime(step / "__0.metadata", (200, 200))
+    files = entries(tmp_path)["step-5"]
+    assert not dcp_finished(tmp_path, "step-5", files)  # rank 1 has not written its metadata
+    (step / "__1.metadata").write_bytes(b"x")
+    os.utime(step / "__1.metadata", (200, 200))
+    assert dcp_finished(tmp_path, "step-5", entries(tmp_path)["step-5"])
+
+
+def test_the_world_size_is_read_from_a_torch_zip_without_torch(tmp_path: Path) -> None:
+    """A model states file as ``torch.save`` writes it (a zip; a state_dict OrderedDict with ``_metadata``):
+    its ``dp_world_size`` / ``mp_world_size`` come out with no tensor loaded (torch stays out of this process)."""
+    path = tmp_path / "mp_rank_00_model_states.pt"
+    code = ("import sys, torch\n"
+            "net = torch.nn.Linear(3, 2)\n"
+            "torch.save({'module': net.state_dict(), 'dp_world_size': 4, 'mp_world_size': 2, 'ds_version': '0'},"
+            " sys.argv[1])\n")
+    subprocess.run([sys.executable, "-c", code, str(path)], check=True, timeout=120)
+    assert zero_world(path) == (4, 2)
+    (tmp_path / "legacy.pt").write_bytes(pickle.dumps({"dp_world_size": 4}))
+    assert zero_world(tmp_path / "legacy.pt") is None
+
+
+def test_zero_files_outside_requires_keep_the_previous_writers_rule() -> None:
+    name = "global_step12"
+    req = [f"{name}/mp_rank_00_model_states.pt", f"{name}/zero_pp_rank_0_mp_rank_00_optim_states.pt"]
+    pipe = _ckpt(name, {0: _manifest(0, [*req, f"{name}/layer_01-model_states.pt"], 12.0, req)}, expected={0, 1})
+    assert pipe.lacks == ("zero", []) and not pipe.complete  # a pipeline stage's layer file: node 1 may hold more

@@ -230,7 +230,8 @@ def section_cases() -> list[Case]:
                         "lambda": {k: v}}),
                  f"lambda.{k}") for i, (k, v) in enumerate(lam)]
     opts = ["-itd", "-d", "-ti", "-v/:/host", "-v=/:/host", "-eTOKEN=sekret", "-e=A", "--volumes-from=other",
-            "--volumes-from", "-dit", "-w/x", "-lx=y", "--env=A=1", "--name=x", "-iv/:/h", "x"]
+            "--volumes-from", "-dit", "-w/x", "-lx=y", "--env=A=1", "--name=x", "-iv/:/h", "x", "--privileged",
+            "--privileged=true"]
     out += [Case(f"container-opt-{i}", ("up", "--dry-run", "{spec}"),
                  _yaml({"name": "demo", "job": {"run": "t.py", "image": "pytorch/pytorch:2.5.1",
                                                 "container": {"options": [o]}}}), "job.container.options")
@@ -293,6 +294,13 @@ def yaml_cases() -> list[Case]:
         ("huge", B + "x: '" + "a" * (1 << 20) + "'\n", "SPEC"), ("key-list", "[a]: 1\nname: demo\n", "SPEC"),
         ("key-null", "~: 1\nname: demo\n", "None"), ("key-int", "1: 1\nname: demo\n", "1"),
         ("merge-bad", "name: demo\nx:\n  <<: 5\n", "SPEC"),
+        # a merge key anywhere in a spec (it was refused only in `kubernetes:`): one line naming where it is
+        ("merge-top", "b: &b {name: demo}\n<<: *b\n", "a YAML merge key"),
+        ("merge-policies", B + "b: &b {max_hours: 1}\npolicies:\n  <<: *b\n  idle_minutes: 5\n", "policies"),
+        ("merge-env", JOB + "  env:\n    <<: {A: '1'}\n", "job.env"),
+        ("merge-host", B + "provider: ssh\nh: &h {host: a.lan}\nssh:\n  hosts: [{<<: *h, user: u}]\n",
+         "ssh.hosts[0]"),
+        ("merge-seq", B + "a: &a {x: 1}\nc: &c {y: 2}\nresources:\n  <<: [*a, *c]\n", "resources"),
         ("many-unknown", B + "".join(f"k{i}: 1\n" for i in range(2_000)), "more problem"),
         ("many-keys", B + "".join(f"k{i}: 1\n" for i in range(24_000)), "more than 5,000 keys"),
         ("many-secrets", B + "job:\n  run: t.py\n  secrets: [" + ", ".join(f"S{i}" for i in range(4_500))

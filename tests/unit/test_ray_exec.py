@@ -3,7 +3,9 @@ node as gtrain.runs.ship does) is ONE Ray job; its entrypoint (the real nodeexec
 runs an entrypoint: in the unpacked working_dir, runtime_env env_vars in its environment) runs each node's
 command with its files and its secrets on stdin, and each node gets its own result. The Jobs API is faked
 at the wire (HTTP, from Ray's Jobs REST reference: package upload, submit, GET status, logs, DELETE), spoken to
-by gtrain's own client;
+by gtrain's own client; the entrypoint's one use of Ray's own API (reading and deleting the one-off secrets
+package from the GCS's internal KV, ``ray.experimental.internal_kv``) meets a stub of those two calls that reads
+the packages the fake stored;
 the integration tests (test_ray.py) run the same steps on a real Ray cluster."""
 
 from __future__ import annotations
@@ -39,6 +41,17 @@ class Jobs:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
         self.packages: dict[str, bytes] = {}
+        self.gcs = tmp / "gcs"
+        self.gcs.mkdir()
+        self.stub = tmp / "raystub"  # `ray` as the entrypoint imports it: init/shutdown, internal_kv get/del
+        (self.stub / "ray" / "experimental").mkdir(parents=True)
+        (self.stub / "ray" / "__init__.py").write_text("def init(**kw):\n    pass\n\n\ndef shutdown():\n    pass\n")
+        (self.stub / "ray" / "experimental" / "__init__.py").write_text("")
+        (self.stub / "ray" / "experimental" / "internal_kv.py").write_text(
+            "import os, pathlib\nD = pathlib.Path(os.environ['FAKE_GCS'])\n\n\n"
+            "def _internal_kv_get(k):\n    p = D / k[len('gcs://'):]\n"
+            "    return p.read_bytes() if p.exists() else None\n"
+            "\n\ndef _internal_kv_del(k):\n    (D / k[len('gcs://'):]).unlink(missing_ok=True)\n")
         self.bodies: list[dict[str, Any]] = []
         self.out: dict[str, str] = {}
         self.lock = threading.Lock()
@@ -72,7 +85,9 @@ class Jobs:
                 return self._send(200, {"status": "SUCCEEDED", "submission_id": sid})
 
             def do_PUT(self) -> None:  # noqa: N802
-                jobs.packages[urllib.parse.unquote(self.path).rsplit("/", 1)[1]] = self._body()
+                name = urllib.parse.unquote(self.path).rsplit("/", 1)[1]
+                jobs.packages[name] = self._body()
+                (jobs.gcs / name).write_bytes(jobs.packages[name])  # what the stub's internal KV reads
                 self._send(200)
 
             def do_POST(self) -> None:  # noqa: N802
@@ -92,7 +107,8 @@ class Jobs:
         sid = body["submission_id"]
         wd = self.tmp / sid
         zipfile.ZipFile(io.BytesIO(self.packages[body["runtime_env"]["working_dir"][6:]])).extractall(wd)
-        env = {**os.environ, **body["runtime_env"].get("env_vars", {})}
+        env = {**os.environ, **body["runtime_env"].get("env_vars", {}), "PYTHONPATH": str(self.stub),
+               "FAKE_GCS": str(self.gcs)}
         res = subprocess.run([sys.executable, body["entrypoint"].split()[1]], cwd=wd, env=env, capture_output=True,
                              text=True, timeout=60)
         self.out[sid] = res.stdout + res.stderr
@@ -125,13 +141,19 @@ def test_one_step_of_every_node_is_one_ray_job(api: Jobs, tmp_path: Path) -> Non
 
     got = parallel(step, [0, 1, 2])
     assert len(api.bodies) == 1 and api.bodies[0]["metadata"]["gtrain_exec"] == "0-1-2"
-    assert [g.stdout.strip() for g in got] == [f"node {k} TOKEN=s3cr3t" for k in range(3)]
+    # the command read the secret on its stdin; its output, which Ray keeps in the job's log, has it masked
+    assert [g.stdout.strip() for g in got] == [f"node {k} TOKEN=***" for k in range(3)]
+    assert all("s3cr3t" not in out for out in api.out.values())
     assert all((tmp_path / f"node-{k}" / "tool.pyz").read_bytes() == tool for k in range(3))
-    pkg = zipfile.ZipFile(io.BytesIO(next(iter(api.packages.values()))))
-    assert sum(1 for n in pkg.namelist() if n.startswith("_gtrain_exec/files/")) == 4  # the tool once
     body = api.bodies[0]
-    assert "s3cr3t" not in body["entrypoint"] and all(b"s3cr3t" not in d for d in api.packages.values())
-    assert body["runtime_env"]["env_vars"] == {"FROM_SPEC": "x", "TOKEN": "s3cr3t"}
+    pkg = zipfile.ZipFile(io.BytesIO(api.packages[body["runtime_env"]["working_dir"][len("gcs://"):]]))
+    assert sum(1 for n in pkg.namelist() if n.startswith("_gtrain_exec/files/")) == 4  # the tool once
+    # the secret is not in the Ray job's runtime_env (the Jobs API shows it), its entrypoint or working_dir: it
+    # came in a one-off package that the entrypoint deleted once read
+    assert "s3cr3t" not in json.dumps(body)
+    assert body["runtime_env"]["env_vars"] == {"FROM_SPEC": "x"}
+    secret_pkgs = [n for n, d in api.packages.items() if b"s3cr3t" in d]
+    assert len(secret_pkgs) == 1 and not (api.gcs / secret_pkgs[0]).exists()
 
 
 def test_a_lone_command_and_differing_secrets_and_a_failure(api: Jobs, tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -60,18 +61,31 @@ def test_every_value_arrives_byte_for_byte_and_runs_nothing(tmp_path: Path) -> N
     work = tmp_path / "work dir; $(x)"
     work.mkdir()
     c = ctx(workdir=str(work), checkpoint_dir=str(work / "ck pt"), env=EVIL, secret_names=["TOKEN"],
-            setup='python3 -c "import os,json; print(json.dumps({k: os.environ.get(k) for k in '
-                  + repr(sorted([*EVIL, "TOKEN", "GTRAIN_NODE_IPS", "GTRAIN_CHECKPOINT_DIR"])) + '}))"')
-    script = render_all(c)["setup.sh"]
+            job_dir=str(tmp_path / "job"), python=sys.executable,
+            setup='python3 -c "import os,json,hashlib,base64; t=os.environ[\'TOKEN\'].encode(); '
+                  'print(json.dumps({k: os.environ.get(k) for k in '
+                  + repr(sorted([*EVIL, "TOKEN", "GTRAIN_NODE_IPS", "GTRAIN_CHECKPOINT_DIR"])) + '})); '
+                  'print(hashlib.sha256(t).hexdigest()); print(t.hex(), base64.b64encode(t).decode())"')
+    files = render_all(c)
+    script = files["setup.sh"]
     assert "s3cr3t" not in script
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "mask.py").write_text(files["mask.py"])
     p = subprocess.run(["bash", "-c", script], input=b"TOKEN=s3cr3t value;$x\x00OTHER=nope\x00",
                        capture_output=True, timeout=30)
     assert p.returncode == 0, p.stderr
+    import base64
+    import hashlib
     import json
 
-    got = json.loads(p.stdout.decode().strip().splitlines()[-1])
+    lines = p.stdout.decode().strip().splitlines()
+    got = json.loads(lines[-3])
     assert {k: got[k] for k in EVIL} == EVIL
-    assert got["TOKEN"] == "s3cr3t value;$x"
+    secret = b"s3cr3t value;$x"
+    assert lines[-2] == hashlib.sha256(secret).hexdigest()  # the value arrived byte for byte ...
+    assert got["TOKEN"] == "***" and lines[-1] == "*** ***"  # ... and setup's output has it masked (issue 40)
+    for form in (secret, secret.hex().encode(), base64.b64encode(secret).rstrip(b"=")):
+        assert form not in p.stdout + p.stderr
     assert got["GTRAIN_NODE_IPS"] == "10.0.0.5,10.0.0.6"
     assert got["GTRAIN_CHECKPOINT_DIR"] == str(work / "ck pt")
     assert not marker.exists()

@@ -173,8 +173,20 @@ def test_env_text_does_not_leak_into_other_fields_through_an_alias(tmp_path: Pat
 
 
 def test_env_merge_keys_are_text_too() -> None:
-    data = load("base: &b {X: 0755}\njob: {env: {<<: *b, Y: yes}}\n", "s.yaml")
+    data = load("base: &b {X: 0755}\njob: {env: {<<: *b, Y: yes}}\n", "s.yaml", merge=True)
     assert data["job"]["env"] == {"X": "0755", "Y": "yes"}
+
+
+@pytest.mark.parametrize(("text", "field"), [
+    ("base: &b {X: 1}\njob: {env: {<<: *b, Y: yes}}\n", "job.env"),
+    ("b: &b {max_hours: 1}\npolicies:\n  <<: *b\n", "policies"),
+    ("b: &b {name: x}\n<<: *b\n", "SPEC"),
+    ("b: &b {host: h}\nssh:\n  hosts: [{<<: *b, user: u}]\n", "ssh.hosts[0]")])
+def test_a_merge_key_is_refused_anywhere_in_a_spec(text: str, field: str) -> None:
+    with pytest.raises(ConfigError) as ei:
+        load(text, "s.yaml")
+    assert ei.value.field == field and "a YAML merge key (<<) is not allowed in a spec" in ei.value.message
+    assert load("b: &b {max_hours: 1}\npolicies: *b\n", "s.yaml")["policies"] == {"max_hours": 1}  # an alias: fine
 
 
 @pytest.mark.parametrize(("value", "kind"), [("[1, 2]", "list"), ("{a: 1}", "mapping")])

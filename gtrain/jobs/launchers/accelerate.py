@@ -31,7 +31,7 @@ class Accelerate(Launcher):
 
         try:
             # the spec's loader: its limits (depth, size, aliases, long numbers) hold for this file too
-            data = specyaml.load(path.read_text(), f"job.accelerate.config_file {path.name!r}")
+            data = specyaml.load(path.read_text(), f"job.accelerate.config_file {path.name!r}", merge=True)
         except (OSError, UnicodeDecodeError) as e:
             raise ConfigError(f"job.accelerate.config_file: cannot read {path.name!r}: {e}",
                               field="job.accelerate.config_file") from None

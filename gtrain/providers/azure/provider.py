@@ -25,7 +25,7 @@ from gtrain.providers.base import GCResult, IntervalCost, NodeStatus, Plan
 from gtrain.providers.cloud.billing import cloud_interval_cost
 from gtrain.providers.cloud.failover import Attempts
 from gtrain.providers.cloud.idle import idle_watch
-from gtrain.providers.cloud.keys import drop_key, ensure_key, key_path, owner
+from gtrain.providers.cloud.keys import check_team_key, drop_key, ensure_key, key_path, owner
 from gtrain.providers.cloud.provider import CloudProvider
 from gtrain.providers.cloud.ssh_access import finish_down, resolve_ssh_cidr, ssh_notes, wait_ssh, write_ssh_config
 
@@ -104,6 +104,7 @@ class AzureProvider(CloudProvider):
                 raise ConfigError(f"{field}: {offer.instance_type} ({offer.accelerators}) is not offered in {r!r}",
                                   hint="drop that region or pick another GPU (`gtrain catalog --provider azure`)",
                                   field=field)
+        check_team_key("rsa")  # Azure takes RSA keys of 2048 bits or more only: a team key of another kind is exit 2
         first = lookup("azure", offer.instance_type, regions[0])[0]
         notes = [f"{first.instance_type}: {first.vcpus} vCPUs, {first.memory_gib:g} GiB, {first.gpu_count}x "
                  f"{first.gpu_name} {first.gpu_memory_gib:g} GB",
@@ -136,7 +137,7 @@ class AzureProvider(CloudProvider):
         offer = self._offer(spec, given[0] if given else None)
         regions = self._regions(spec, offer)
         ssh_cidr = resolve_ssh_cidr(opts.ssh_cidr, opts.ssh_proxy_command, "azure", " (Azure Bastion)")
-        pub = ensure_key(cluster.id)
+        pub = ensure_key(cluster.id, "rsa")  # RSA: what Azure takes in every region (docs/providers/azure.md)
         there = parts.group(group)
         resumed = there is not None
         if there is not None:  # a resumed `up`: the group pins the region
@@ -262,7 +263,7 @@ class AzureProvider(CloudProvider):
                 "price_ondemand": offer.price_ondemand, "price_spot_catalog": offer.price_spot,
                 "disk_gb": spec.resources.disk_gb, "disk_type": opts.os_disk_type, "spot": spot,
                 "private_ip": addrs["private_ip"], "public_ip": addrs["public_ip"], "ssh_user": opts.ssh_user,
-                "key_file": str(key_path(cluster.id)), "proxy_command": opts.ssh_proxy_command,
+                "key_file": str(key_path(cluster.id, "rsa")), "proxy_command": opts.ssh_proxy_command,
             }
             self.ledger.put_node(cluster.id, NodeRecord(
                 rank=rank, status="up", address=addrs["private_ip"], instance_id=name, zone=region,

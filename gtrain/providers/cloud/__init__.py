@@ -1,6 +1,7 @@
 """What the VM clouds (aws, gcp) share, one concern per module, so each cloud states only what is its own.
 
-- :mod:`.keys`: the owner string on every resource and the cluster's ed25519 key pair under ``$GTRAIN_HOME/keys``;
+- :mod:`.keys`: the owner string on every resource and the cluster's key pair under ``$GTRAIN_HOME/keys``
+  (ed25519; RSA where a cloud takes only RSA: azure);
 - :mod:`.options`: :class:`~.options.CloudOptions`, the fields every cloud section has (``ssh_cidr``, ...);
 - :mod:`.ssh_access`: who may reach port 22, the SSH config, waiting for nodes over SSH, the end of ``down``;
 - :mod:`.failover`: :class:`~.failover.Attempts`, where ``up`` tried and the one error that lists them;

@@ -1,5 +1,6 @@
-"""Who made a resource, and the cluster's SSH key pair: ed25519 made here, private key 0600 under
-``$GTRAIN_HOME/keys/``, public key beside it."""
+"""Who made a resource, and the cluster's SSH key pair: made here, private key 0600 under ``$GTRAIN_HOME/keys/``,
+public key beside it. ed25519 by default; RSA (3072 bits) where a cloud takes only RSA in every region (Azure:
+its compute API's ``SshPublicKey.keyData`` is "at least 2048-bit and in ssh-rsa format", docs/providers/azure.md)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import getpass
 import os
 import socket
 from pathlib import Path
+from typing import Literal
 
 from gtrain.state import gtrain_home
 
@@ -36,17 +38,23 @@ def team_key() -> Path | None:
     return Path(raw).expanduser() if raw else None
 
 
-def key_path(cluster_id: str) -> Path:
+KeyKind = Literal["ed25519", "rsa"]
+RSA_BITS = 3072  # ssh-keygen's default; Azure asks for at least 2048
+
+
+def key_path(cluster_id: str, kind: KeyKind = "ed25519") -> Path:
     """The private key of a cluster's nodes (``.pub`` beside it)."""
-    return team_key() or keys_dir() / f"{cluster_id}.ed25519"
+    return team_key() or keys_dir() / f"{cluster_id}.{kind}"
 
 
-def generate_key(path: Path) -> str:
-    """A new ed25519 key: private key (OpenSSH format) at ``path`` 0600; returns the public key line."""
+def generate_key(path: Path, kind: KeyKind = "ed25519") -> str:
+    """A new key: private key (OpenSSH format) at ``path`` 0600; returns the public key line."""
     from cryptography.hazmat.primitives import serialization as ser
+    from cryptography.hazmat.primitives.asymmetric import rsa
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    key = Ed25519PrivateKey.generate()
+    key = rsa.generate_private_key(public_exponent=65537, key_size=RSA_BITS) if kind == "rsa" \
+        else Ed25519PrivateKey.generate()
     priv = key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.OpenSSH, ser.NoEncryption())
     pub = key.public_key().public_bytes(ser.Encoding.OpenSSH, ser.PublicFormat.OpenSSH).decode()
     tmp = path.with_name(f".{path.name}.tmp")
@@ -68,23 +76,81 @@ def public_key(path: Path) -> str:
     return key.public_key().public_bytes(ser.Encoding.OpenSSH, ser.PublicFormat.OpenSSH).decode()
 
 
-def ensure_key(cluster_id: str) -> str:
-    """The cluster's public key line, making the key pair on first use."""
-    path = key_path(cluster_id)
-    if not path.exists():
-        if team_key() is not None:
-            from gtrain.errors import ConfigError
+def rsa_bits(pub: str) -> int:
+    """The modulus size of an ``ssh-rsa`` public key line (0 for any other key type or a malformed line)."""
+    import base64
+    import binascii
 
-            raise ConfigError(f"GTRAIN_SSH_KEY {str(path)!r} does not exist", field="GTRAIN_SSH_KEY",
-                              hint="point it at an OpenSSH private key (ssh-keygen -t ed25519 -N '' -f FILE), "
-                                   "or unset it: gtrain makes a key per cluster")
-        return generate_key(path)
-    return public_key(path)
+    parts = pub.split()
+    if len(parts) < 2 or parts[0] != "ssh-rsa":
+        return 0
+    try:
+        blob = base64.b64decode(parts[1], validate=True)
+    except (binascii.Error, ValueError):
+        return 0
+    fields: list[bytes] = []
+    i = 0
+    while i + 4 <= len(blob) and len(fields) < 3:  # string "ssh-rsa", mpint e, mpint n
+        n = int.from_bytes(blob[i:i + 4], "big")
+        fields.append(blob[i + 4:i + 4 + n])
+        i += 4 + n
+    return int.from_bytes(fields[2], "big").bit_length() if len(fields) == 3 else 0
+
+
+def check_team_key(kind: KeyKind = "ed25519") -> str | None:
+    """``GTRAIN_SSH_KEY``'s public key line (None when unset), refused (ConfigError naming it) when the file is
+    missing or, for ``kind="rsa"`` (a cloud that takes only RSA of 2048 bits or more), of another type or size.
+    Cheap: a plan (`up --dry-run`) calls it, so a wrong key is exit 2 before anything is made."""
+    from gtrain.errors import ConfigError
+
+    path = team_key()
+    if path is None:
+        return None
+    keygen = "ssh-keygen -t rsa -b 3072" if kind == "rsa" else "ssh-keygen -t ed25519"
+    if not path.exists():
+        raise ConfigError(f"GTRAIN_SSH_KEY {str(path)!r} does not exist", field="GTRAIN_SSH_KEY",
+                          hint=f"point it at an OpenSSH private key ({keygen} -N '' -f FILE), "
+                               "or unset it: gtrain makes a key per cluster")
+    try:
+        pub = public_key(path)
+    except (OSError, ValueError, TypeError) as e:
+        raise ConfigError(f"GTRAIN_SSH_KEY {str(path)!r} is not an OpenSSH private key ({e})",
+                          field="GTRAIN_SSH_KEY", hint=f"make one with `{keygen} -N '' -f FILE`") from None
+    if kind == "rsa" and rsa_bits(pub) < 2048:
+        raise ConfigError(f"GTRAIN_SSH_KEY {str(path)!r} is a {pub.split()[0] if pub.split() else 'malformed'} "
+                          "key; this cloud takes only RSA keys of 2048 bits or more in every region",
+                          field="GTRAIN_SSH_KEY", hint=f"make one with `{keygen} -N '' -f FILE`, or unset "
+                          "GTRAIN_SSH_KEY: gtrain makes an RSA key per cluster here")
+    return pub
+
+
+def ensure_key(cluster_id: str, kind: KeyKind = "ed25519") -> str:
+    """The cluster's public key line, making the key pair on first use. ``kind="rsa"``: the cloud takes only RSA
+    of 2048 bits or more (a team key of another type is refused, naming GTRAIN_SSH_KEY)."""
+    team = check_team_key(kind)
+    if team is not None:
+        return team
+    path = key_path(cluster_id, kind)
+    return public_key(path) if path.exists() else generate_key(path, kind)
 
 
 def drop_key(cluster_id: str) -> None:
     if team_key() is not None:
         return  # the team's key is not ours to delete
-    for p in (key_path(cluster_id), key_path(cluster_id).with_suffix(".pub")):
-        with contextlib.suppress(OSError):
-            p.unlink()
+    kinds: tuple[KeyKind, ...] = ("ed25519", "rsa")
+    for kind in kinds:
+        for p in (key_path(cluster_id, kind), key_path(cluster_id, kind).with_suffix(".pub")):
+            with contextlib.suppress(OSError):
+                p.unlink()
+
+
+def key_note(kind: str = "ed25519") -> tuple[str, str | None]:
+    """``gtrain check``: the SSH key gtrain gives a cloud's nodes (``kind``: the key it makes per cluster), and the
+    fix when it cannot (None: it can). Read-only: nothing is made."""
+    team = team_key()
+    if team is None:
+        return f"a new {kind} key per cluster, under {gtrain_home() / 'keys'}", None
+    if not team.is_file():
+        return (f"GTRAIN_SSH_KEY {str(team)!r} does not exist",
+                f"ssh-keygen -t {kind} -N '' -f {team}  (or unset GTRAIN_SSH_KEY)")
+    return f"GTRAIN_SSH_KEY {team}", None

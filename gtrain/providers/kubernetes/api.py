@@ -67,7 +67,7 @@ def _kubeconfig_file() -> tuple[Any, str]:
         raise ConfigError(f"{where} is not UTF-8 text (byte {e.start + 1}): not a kubeconfig", field=fld,
                           hint=fix) from None
     try:
-        doc = load_yaml(text, where)
+        doc = load_yaml(text, where, merge=True)  # kubectl takes merge keys in a kubeconfig
     except ConfigError as e:  # nested too deep, malformed, oversized: the loader's message names the file
         raise ConfigError(e.message, field=fld, hint=fix) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("contexts", []), list) \

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
 #: at most this many rank-exit markers end a pod's log (one per rank of the pod)
 _MARKERS_MAX = 256
+#: the newest lines of a pod kept at `cancel` (what the run archive keeps of a node: runlog.archive.MAX_LOG_LINES)
+_KEEP_MAX = 200_000
 
 
 def ship_bundle() -> bytes:
@@ -233,11 +235,31 @@ class KubernetesBackend(JobBackend):
         return cache[pod]
 
     def cancel(self, job: JobRecord, nodes: list[int] | None = None, grace_s: float = 10) -> None:
-        """Delete the job's objects (foreground: the Job goes after its pods) and wait until no pod is left."""
+        """Delete the job's objects (foreground: the Job goes after its pods) and wait until no pod is left. The
+        pods' logs go with them: each pod's lines are kept first in the run archive, where `logs` reads them."""
         name = job.info.get("k8s_name")
         if name:
+            try:
+                self._keep_lines(job)
+            except Exception:  # noqa: BLE001 - keeping the lines is best effort: the cancel goes on whatever fails
+                pass
             self.provider.delete_labelled(self.cluster, {ko.LABEL_JOB: ko.labels("", job.id)[ko.LABEL_JOB]},
                                           grace_s=grace_s)
+
+    def _kept(self, job: JobRecord, node: int) -> Path:
+        from gtrain.state.runs import kept_log
+
+        return kept_log(self.provider.store.home, job.cluster_id, job.id, node)
+
+    def _keep_lines(self, job: JobRecord) -> None:
+        from gtrain.state.runs import write_kept_log
+
+        _, pods = self._objects(job)
+        for node in sorted(pods):
+            if ((pods[node].get("status") or {}).get("phase")) == "Pending":
+                continue  # nothing written yet
+            write_kept_log(self._kept(job, node), [(i.rank, i.text) for i in self.log_iter(job, node, tail=_KEEP_MAX)
+                                                   if isinstance(i, LogLine)])
 
     # ---- output ----------------------------------------------------------------------------------
 
@@ -245,10 +267,18 @@ class KubernetesBackend(JobBackend):
                  tail: int | None = None, since: int = 0) -> Iterator[LogLine | NodeEnded]:
         seen = 0
         said = ""
+        kept_read = False
         while True:
             _, pods = self._objects(job)
             pod = pods.get(node)
             phase = ((pod or {}).get("status") or {}).get("phase")
+            if pod is None and not kept_read and self._kept(job, node).exists():  # cancelled: the lines kept then
+                from gtrain.state.runs import read_kept_log
+
+                kept_read = True
+                kept = [LogLine(node, r, body) for r, body in list(read_kept_log(self._kept(job, node)))[since:]
+                        if rank is None or r == rank]  # as the archive reads them: the rank's, then its tail
+                yield from (kept[-tail:] if tail else []) if tail is not None and not follow else kept
             if pod is not None and phase != "Pending":
                 pname = pod["metadata"]["name"]
                 if not follow and tail is not None:  # the last `tail` of the job's own lines: gtrain's rank-exit

@@ -125,7 +125,7 @@ class LambdaProvider(CloudProvider):
         existing: dict[int, dict[str, Any]] = {}
         for inst in self.teardown.instances(cluster.id):
             own = owner_of_instance(inst.get("name"))
-            if own and 0 <= own[1] < spec.num_nodes and inst.get("status") != "terminating":
+            if own and 0 <= own[1] < spec.num_nodes and inst.get("status") not in ("terminating", "preempted"):
                 existing[own[1]] = inst
         if existing:
             pinned = str((next(iter(existing.values())).get("region") or {}).get("name") or "")

@@ -21,8 +21,12 @@ if TYPE_CHECKING:
 
 PREFIX = "gtrain-"
 INSTANCE_RE = re.compile(r"^gtrain-(.+)-(\d+)$")
-#: no longer running: not waited on, not reported as left over (a preempted one is still sent a terminate)
-GONE = ("terminated", "preempted")
+#: no longer listed: Lambda is done with it
+GONE = ("terminated",)
+#: not waited on once sent a terminate, not reported as left over: a preempted instance runs nothing, but it is
+#: still listed and still holds the cluster's SSH key (``ssh-keys/key-in-use``) until it is terminated, so `down`
+#: and `gc` list it and send it a terminate like any other
+NOT_WAITED = ("terminated", "preempted")
 
 
 def instance_name(cluster_id: str, rank: int) -> str:
@@ -45,7 +49,8 @@ class LambdaTeardown:
         self.poll_s, self.timeout_s = poll_s, timeout_s
 
     def instances(self, cluster_id: str | None) -> list[dict[str, Any]]:
-        """Live (not terminated) instances of the cluster, or of any gtrain cluster when ``cluster_id`` is None."""
+        """Listed (not terminated, preempted ones too) instances of the cluster, or of any gtrain cluster when
+        ``cluster_id`` is None."""
         out = []
         for i in self.api.instances():
             own = owner_of_instance(i.get("name"))
@@ -72,7 +77,8 @@ class LambdaTeardown:
                     raise
         deadline = time.monotonic() + self.timeout_s
         while True:
-            left = [i["id"] for i in self.api.instances() if i["id"] in set(ids) and i.get("status") not in GONE]
+            left = [i["id"] for i in self.api.instances()
+                    if i["id"] in set(ids) and i.get("status") not in NOT_WAITED]
             if not left or time.monotonic() > deadline:
                 break
             time.sleep(self.poll_s)
@@ -109,7 +115,8 @@ class LambdaTeardown:
         self.delete_keys(cluster_id, cluster)
         if cluster is not None:
             self.ledger.mark_live(cluster.id, "deleted")
-        return [f"instance {i['id']} ({i.get('name')})" for i in self.instances(cluster_id)] + \
+        return [f"instance {i['id']} ({i.get('name')})" for i in self.instances(cluster_id)
+                if i.get("status") not in NOT_WAITED] + \
                [f"ssh-key {k.get('name')}" for k in self.keys(cluster_id)]
 
     def sweep(self, live_ids: set[str], delete: bool, regions: list[str] | None) -> GCResult:

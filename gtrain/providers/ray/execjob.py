@@ -15,9 +15,13 @@ head, and a recovery's collect finds nothing there: the relaunch restores the st
 each node's uploader keeps current). The job's own nodes run the tool from ``launch.sh`` (restore, uploader,
 final flush), inside the Ray actors.
 
-Secrets: ``run(stdin=...)`` takes the job's ``NAME=value\\0`` records (``secret_stdin``); the values go in the
-Ray job's runtime_env ``env_vars`` under their own names, as the job's own do (never in argv, the package or
-gtrain's output), and reach the command on its stdin only. Commands whose secrets differ never share a job."""
+Secrets: ``run(stdin=...)`` takes the job's ``NAME=value\\0`` records (``secret_stdin``). They travel as the job's
+own do (:meth:`gtrain.providers.ray.backend.RayBackend._upload_secrets`): in a one-off package of the cluster's GCS
+under a random name, which the entrypoint reads and deletes before it runs a command -- never in the Ray job's
+runtime_env (the Jobs API shows it to anyone with the dashboard, during and after the job), its entrypoint, its
+working_dir or gtrain's output. They reach the command on its stdin only, and the entrypoint masks them (every
+form :mod:`gtrain.remote.nodemask` knows) in the commands' output before a byte of it is printed into the Ray
+job's log. Commands whose secrets differ never share a job."""
 
 from __future__ import annotations
 
@@ -113,13 +117,14 @@ class ExecBatch:
         assert c.result is not None
         return c.result
 
-    def _package(self, batch: list[_Command]) -> bytes:
+    def _package(self, batch: list[_Command], secrets_uri: str | None = None) -> bytes:
         buf = io.BytesIO()
         with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
             def put(name: str, data: bytes) -> None:
                 z.writestr(zipfile.ZipInfo(f"_gtrain_exec/{name}", date_time=_STAMP), data)
 
             put("nodeexec.py", (Path(__file__).resolve().parent / "nodeexec.py").read_bytes())
+            put("nodemask.py", (Path(__file__).resolve().parents[2] / "remote" / "nodemask.py").read_bytes())
             shipped: set[str] = set()
             commands = []
             for c in batch:
@@ -132,18 +137,22 @@ class ExecBatch:
                     listed.append([path, mode, name])
                 commands.append({"node": c.k, "files": listed, "cmd": c.cmd, "timeout": c.timeout,
                                  "stdin": sorted(c.secrets)})
-            put("exec.json", json.dumps({"commands": commands}).encode())
+            put("exec.json", json.dumps({"commands": commands, "secrets_uri": secrets_uri}).encode())
         return buf.getvalue()
 
     def _submit(self, batch: list[_Command]) -> None:
-        data = self._package(batch)
+        secrets = batch[0].secrets
+        secrets_uri = None
+        if secrets:  # read and deleted by the entrypoint; never the runtime_env, which the Jobs API shows
+            records = b"".join(f"{n}={v}".encode() + b"\x00" for n, v in secrets.items())
+            secrets_uri = self.api.upload_package(f"_ray_pkg_{uuid.uuid4().hex}.zip", records)
+        data = self._package(batch, secrets_uri)
         uri = self.api.upload_package(f"_ray_pkg_{hashlib.sha1(data).hexdigest()[:32]}.zip", data)
         nodes = "-".join(str(c.k) for c in batch)
         sid = f"gtrain-exec-{self.cluster_id}-{nodes}-{uuid.uuid4().hex[:8]}"
-        env = {**self.env_vars, **batch[0].secrets}
         runtime_env: dict[str, Any] = {"working_dir": uri}
-        if env:
-            runtime_env["env_vars"] = env
+        if self.env_vars:
+            runtime_env["env_vars"] = dict(self.env_vars)
         self.api.submit({"entrypoint": f"{self.python} _gtrain_exec/nodeexec.py", "submission_id": sid,
                          "runtime_env": runtime_env, "entrypoint_num_cpus": 0,
                          "metadata": {"gtrain_cluster": self.cluster_id, "gtrain_exec": nodes}})

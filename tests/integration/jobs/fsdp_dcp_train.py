@@ -14,7 +14,9 @@ Options (environment): ``DCP_ASYNC=1`` saves with ``dcp.async_save`` (on a gloo 
 for the previous one, the end for the last); ``DCP_STALL_META=N`` (attempt 1) makes the coordinator's writer stall
 in ``finish()`` at step N: every rank's ``__R_0.distcp`` is written, ``.metadata`` never is (``$SIGNALS/stalled-meta``
 says so); ``SAVE_LAST=N`` saves no step after N; ``FULL_DIR`` gets rank 0's full weights of every step saved
-(``full-step-N.pt``); ``FINAL`` is where the final weights go (default ``final.pt`` in checkpoint_dir).
+(``full-step-N.pt``); ``FINAL`` is where the final weights go (default ``final.pt`` in checkpoint_dir);
+``DCP_RANK_LOCAL=1`` saves with no coordinator (``use_collectives=False``: each rank writes ``__R.metadata``
+beside its ``__R_0.distcp``, no ``.metadata``; ``dcp.load`` then has each rank read its own).
 """
 
 from __future__ import annotations
@@ -104,7 +106,8 @@ def main() -> None:
             if use_async:
                 pending = dcp.async_save({"model": msd, "optim": osd}, storage_writer=writer, process_group=save_pg)
             else:
-                dcp.save({"model": msd, "optim": osd}, storage_writer=writer)
+                dcp.save({"model": msd, "optim": osd}, storage_writer=writer,
+                         use_collectives=os.environ.get("DCP_RANK_LOCAL") != "1")
             if os.environ.get("FULL_DIR"):
                 weights = full(net)
                 if rank == 0:

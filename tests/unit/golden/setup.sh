@@ -36,6 +36,14 @@ mkdir -p "$GTRAIN_CHECKPOINT_DIR"
 # `python`, `python3` and `pip` in setup are the job's interpreter (job.python), the one its ranks run with,
 # not whatever comes first on PATH.
 __gtrain_py=$(command -v python3) || { printf 'gtrain: job.python %s is not on this node\n' python3 >&2; exit 127; }
+__gtrain_mask() {
+  env -u HF_TOKEN python3 /home/u/gtrain/demo/jobs/demo-20260101-000000-abcd/mask.py \
+    3< <(for __n in HF_TOKEN; do printf '%s=%s\0' "$__n" "${!__n:-}"; done)
+}
+
+# setup's output and every child's, the job's secrets masked (as launch.sh's); after the check above, as the
+# filter runs with job.python
+exec > >(__gtrain_mask) 2>&1
 __gtrain_py="'${__gtrain_py//\'/\'\\\'\'}'"  # single-quoted for the sh scripts below
 __gtrain_bin=/home/u/gtrain/demo/jobs/demo-20260101-000000-abcd/bin
 mkdir -p "$__gtrain_bin"
