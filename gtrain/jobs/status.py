@@ -51,7 +51,10 @@ def refresh_job(cluster: Cluster, job: JobRecord, ctx: Context, *, act: bool = T
     state, code = desc.state, desc.exit_code
     dead = [n.node for n in nodes if n.detail in _DEAD]
     alive = [n.node for n in nodes if n.detail in _ALIVE]
-    orphaned = [n.node for n in nodes if n.orphans]
+    # a node the watcher is replacing alone (an elastic job's, gtrain.runs.elastic) is the replacement's: what of
+    # the job runs there is its part starting (the store check, setup, the launcher), not a dead agent's workers
+    replacing = set((job.info.get("elastic_pending") or {}).get("lost") or [])
+    orphaned = [n.node for n in nodes if n.orphans and n.node not in replacing]
     if orphaned:
         if act:
             ctx.report.warn(f"job {job.id}: ending workers left behind on node(s) {orphaned}")

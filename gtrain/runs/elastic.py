@@ -85,6 +85,9 @@ class Replacer:
         why = base()
         if not (why or job.info.get("degraded") or pending):
             return None
+        # the record as base() left it: the watcher's finding (two signals, the stream that broke among them) is
+        # in it now; an older copy made classify look again on its own, see one signal, and end the elastic path
+        job = self.ctx.store.get_job(self.job_id)
         v = self.classify(self.cluster, job, self.ctx)
         # a lost node only: a hang's ranks were all stopped to dump their stacks, the whole job goes again
         if v.recover and v.kind in ("node_failure", "preemption") and \
