@@ -104,6 +104,12 @@ def spec_for(provider: str, request: pytest.FixtureRequest, tmp: Path, work: Pat
         base["lambda"] = section
     else:
         fake = request.getfixturevalue("fake_gce_server")
+        from tests.fixtures.fake_gce import GOOGLE_TOKEN, service_account_file
+
+        # Google credentials the fake takes (a service account key whose token_uri is the fake's), and the token
+        # the node relay asks it with (as the fake_gce fixture sets); the cluster fixture removes them at its end
+        os.environ["GOOGLE_APPLICATION_CREDENTIALS"] = str(service_account_file(f"{fake.endpoint}/token", tmp))
+        os.environ["GTRAIN_TEST_GOOGLE_TOKEN"] = GOOGLE_TOKEN
         from tests.integration.node_relay import assign
 
         def guest_agent(iname: str) -> list[dict[str, str]]:
@@ -151,6 +157,9 @@ def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
             os.environ["GTRAIN_HOME"] = str(home)
             gtrain.down(spec["name"])
             sshmod.close_all()
+            if provider == "gcp":
+                os.environ.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
+                os.environ.pop("GTRAIN_TEST_GOOGLE_TOKEN", None)
             if provider == "azure":
                 from tests.fixtures.fake_arm import arm_env
 

@@ -177,7 +177,7 @@ def test_run_through_the_store_a_worker_node_killed_mid_run_recovers_same_weight
     env.pop("RAY_ADDRESS", None)
     log = tmp_path / "run.log"
     with open(log, "wb") as f:
-        run = subprocess.Popen([sys.executable, "-m", "gtrain", "run", s, "--no-report", "--to",
+        run = subprocess.Popen([sys.executable, "-m", "gtrain", "run", s, "--no-report", "--no-fold", "--to",
                                 str(tmp_path / "pulled")], stdout=f, stderr=subprocess.STDOUT, env=env,
                                stdin=subprocess.DEVNULL)
     try:
