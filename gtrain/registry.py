@@ -139,6 +139,16 @@ def price_list(target: str) -> Any:
     return getattr(import_module(mod), fn)
 
 
+# ------------------------------------------------------------------------------------ fixed allocations
+#: providers whose scheduler owns the job's allocation, and why a running job there cannot grow, shrink or
+#: replace one node alone (elastic num_nodes and torchft mode are refused on them: gtrain.spec.elastic)
+FIXED_ALLOCATION: dict[str, str] = {
+    "slurm": "a Slurm allocation has a fixed node count (sbatch --nodes)",
+    "kubernetes": "the job is one Indexed Job of a fixed completions count",
+    "ray": "Ray schedules the job's workers itself",
+}
+
+
 # ---------------------------------------------------------------------------------------------- checks
 #: ``gtrain check``: each provider's own check, "module:function" called as ``fn(timeout) -> ProviderCheck``
 #: (read-only: credentials and where from, one harmless authorised call, the GPU quota where the API tells it,

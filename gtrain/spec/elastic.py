@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from gtrain.registry import FIXED_ALLOCATION
+
 if TYPE_CHECKING:
     from gtrain.spec import ClusterSpec
 
@@ -21,12 +23,9 @@ NOT_ELASTIC = {
     "tensorflow": "TF_CONFIG names a fixed cluster",
     "python": "the python launcher has no rendezvous to rejoin",
 }
-#: providers whose scheduler owns the allocation, and why they cannot grow or shrink a running job
-NOT_ELASTIC_PROVIDER = {
-    "slurm": "a Slurm allocation has a fixed node count (sbatch --nodes)",
-    "kubernetes": "the job is one Indexed Job of a fixed completions count",
-    "ray": "Ray schedules the job's workers itself",
-}
+#: providers whose scheduler owns the allocation, and why they cannot grow or shrink a running job: the registry's
+#: word (gtrain.registry.FIXED_ALLOCATION), where every provider name lives
+NOT_ELASTIC_PROVIDER = FIXED_ALLOCATION
 
 
 def split(data: Any) -> Any:
