@@ -76,11 +76,12 @@ def node_contexts(cluster: Cluster, spec: ClusterSpec, job: Job, runners: list[R
     """Every node's render context."""
     from gtrain import tracking
     from gtrain.spec.checkpoints import run_key
-    from gtrain.spec.elastic import torchrun_settings
+    from gtrain.spec.elastic import rendezvous_settings, torchrun_settings
 
     name, nproc, options, notes = launcher_of(spec, job)
     elastic: dict[str, Any] = {"max_restarts": job.max_restarts,
-                               **(torchrun_settings(spec, cluster.provider) if spec.elastic else {})}
+                               **(torchrun_settings(spec, cluster.provider) if spec.elastic
+                                  else rendezvous_settings(len(runners)))}
     addrs = [r.address for r in runners]
     key = run_key(cluster.name, job.run_id, job.run, job.checkpoint_dir)
     env = {**tracking.env(job, job_id, key), **job.env}

@@ -64,6 +64,7 @@ class NodeContext:
     max_nodes: int = 0  # elastic: the most nodes (num_nodes: the nodes there are now, min..max)
     last_call_timeout: int = 1  # elastic: how long a rendezvous that has min nodes waits for more (seconds)
     keep_alive_interval: int = 5  # elastic: a node's rendezvous heartbeat; 3 missed: the node is dead
+    read_timeout: int = 60  # elastic: c10d's store connect/read timeout (gtrain.spec.elastic: grows with the nodes)
     launcher: str = "torchrun"  # a name in gtrain.jobs.launchers
     launcher_options: dict[str, Any] = field(default_factory=dict)  # job.<launcher>, + what its check derived
     launcher_notes: list[str] = field(default_factory=list)  # warnings from the launcher's local check

@@ -174,6 +174,7 @@ class SSHProvider(Provider):
 
     def provision(self, spec: ClusterSpec, cluster: Cluster, plan: Plan) -> None:
         from gtrain.remote.ssh import SSHRunner, pin_host_key, pinned_keys
+        from gtrain.remote.ssh.node import UP_NODE_RETRY_S
         from gtrain.state.nodes import NodeRecord
 
         section = parse_section(spec)
@@ -188,7 +189,8 @@ class SSHProvider(Provider):
 
         root = section.root or f"~/gtrain/{cluster.name}"
         runners = [SSHRunner(t, cluster=cluster.name, root="/", label=f"node {i} ({t.display})",
-                             python=section.python, tofu=True, on_new_host_key=on_new)
+                             python=section.python, tofu=True, on_new_host_key=on_new,
+                             connect_retry_s=UP_NODE_RETRY_S)  # hosts that are up: no boot to wait for
                    for i, t in enumerate(targets)]
 
         def check(i: int) -> dict[str, Any]:

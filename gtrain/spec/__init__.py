@@ -60,7 +60,7 @@ RESERVED_ENV = {
 # Names whose value on this machine is wrong on a node: a secret (sent from the local environment) may not be one.
 HOST_ENV = {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "PWD", "LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONPATH",
             "PYTHONHOME", "VIRTUAL_ENV"}
-MAX_NODES = 512
+MAX_NODES = 4096  # a thousand-node run and more (docs/scale.md); the loader's limits still hold (MAX_KEYS hosts)
 MAX_HOURS = 8760.0  # a year
 MAX_IDLE_MINUTES = 525600.0  # a year
 MAX_COST_USD = 1e7

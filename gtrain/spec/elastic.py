@@ -78,14 +78,45 @@ def check(spec: ClusterSpec) -> None:
 TIMEOUTS = {"local": (120, 1, 1), "ssh": (300, 2, 2)}
 CLOUD_TIMEOUTS = (900, 5, 5)
 KEEP_ALIVE_ATTEMPTS = 3
+#: a fixed world's static rendezvous: how long node 0's store waits for every node's agent (their setup runs first)
+STATIC_JOIN_S = 300
+
+# Rendezvous at scale (docs/scale.md): the base timeouts above fit up to SCALE_FROM nodes. Beyond it:
+# - every node more may come up later (its setup, its boot): JOIN_PER_NODE_S more of join timeout, up to JOIN_CAP_S;
+# - c10d's read_timeout (connecting to node 0's store and each store read; torch's default 60 s: a node whose
+#   agent starts before node 0's fails with "The client socket has timed out after 60s", pytorch#107021) grows
+#   by one second per READ_PER_NODES nodes;
+# - each c10d keep-alive rewrites the one rendezvous state, which names every node: N nodes every interval is
+#   O(N^2) bytes on node 0's store and N-way compare-and-set contention (the reason pytorch#145228 exposed the
+#   interval "for jobs with thousands of ranks"), so the interval grows with N / KEEP_ALIVE_PER_NODES, and a dead
+#   node is noticed that much later.
+SCALE_FROM = 64
+JOIN_PER_NODE_S = 2
+JOIN_CAP_S = 3600
+READ_TIMEOUT_S = 60
+READ_PER_NODES = 10
+KEEP_ALIVE_PER_NODES = 100
+
+
+def join_timeout(base: int, nodes: int) -> int:
+    """A rendezvous's join timeout for ``nodes`` nodes: ``base`` up to :data:`SCALE_FROM` nodes, then
+    :data:`JOIN_PER_NODE_S` more per node, capped at :data:`JOIN_CAP_S` (never below ``base``)."""
+    return max(base, min(JOIN_CAP_S, base + JOIN_PER_NODE_S * max(0, nodes - SCALE_FROM)))
+
+
+def rendezvous_settings(nodes: int) -> dict[str, int]:
+    """A fixed world's rendezvous fields of a node's render context: the static rendezvous's timeout."""
+    return {"join_timeout": join_timeout(STATIC_JOIN_S, nodes)}
 
 
 def torchrun_settings(spec: ClusterSpec, provider: str) -> dict[str, int]:
     """The elastic fields of a node's render context (gtrain.jobs.templating.NodeContext)."""
     join, last_call, keep_alive = TIMEOUTS.get(provider, CLOUD_TIMEOUTS)
+    nodes = spec.num_nodes
     job = spec.job
     # every loss makes the survivors' workers fail once (a join does not count): torchrun restarts them that
     # many times before it gives up
     restarts = max(job.max_restarts if job else 0, spec.policies.recovery.max_restarts, 3)
-    return {"min_nodes": int(spec.min_nodes or spec.num_nodes), "max_nodes": spec.num_nodes, "join_timeout": join,
-            "last_call_timeout": last_call, "keep_alive_interval": keep_alive, "max_restarts": restarts}
+    return {"min_nodes": int(spec.min_nodes or nodes), "max_nodes": nodes, "join_timeout": join_timeout(join, nodes),
+            "last_call_timeout": last_call, "keep_alive_interval": keep_alive * max(1, nodes // KEEP_ALIVE_PER_NODES),
+            "read_timeout": READ_TIMEOUT_S + nodes // READ_PER_NODES, "max_restarts": restarts}

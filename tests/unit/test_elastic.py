@@ -34,7 +34,7 @@ def test_num_nodes_min_max_round_trips() -> None:
     ({"num_nodes": {"min": 1, "max": 2, "step": 1}}, "unknown key(s) step"),
     ({"num_nodes": {"min": 0, "max": 2}}, "num_nodes.min: 0"),
     ({"num_nodes": {"min": True, "max": 2}}, "num_nodes.min: True"),
-    ({"num_nodes": {"min": 1, "max": 1000}}, "num_nodes"),
+    ({"num_nodes": {"min": 1, "max": 10000}}, "num_nodes"),
     ({"min_nodes": 2}, "write num_nodes: {min: 2, max: 8}"),
     ({"num_nodes": {"min": 1, "max": 2}, "job": {"run": "t.py", "launcher": "deepspeed"}}, "fixed hostfile"),
     ({"num_nodes": {"min": 1, "max": 2}, "job": {"run": "t.py", "launcher": "jax"}}, "num_processes"),
@@ -53,7 +53,7 @@ def test_elastic_torchrun_command_and_rank_sh() -> None:
                        "policies": {"recovery": {"max_restarts": 5}}})
     el = torchrun_settings(spec, "local")
     assert el == {"min_nodes": 2, "max_nodes": 3, "join_timeout": 120, "last_call_timeout": 1, "keep_alive_interval": 1,
-                  "max_restarts": 5}
+                  "read_timeout": 60, "max_restarts": 5}
     assert torchrun_settings(spec, "aws")["keep_alive_interval"] == 5
     for rank in (0, 1):
         files = render_all(ctx("torchrun", node_rank=rank, num_nodes=2, checkpoint_store="s3://b/runs", **el))
@@ -61,7 +61,7 @@ def test_elastic_torchrun_command_and_rank_sh() -> None:
         assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in cmd and "--nnodes=2:3" in cmd
         assert "--rdzv_backend=c10d" in cmd and "--node_rank" not in cmd and "--max_restarts=5" in cmd
         assert f"is_host={'true' if rank == 0 else 'false'}" in cmd
-        assert "last_call_timeout=1" in cmd and "keep_alive_interval=1" in cmd
+        assert "last_call_timeout=1" in cmd and "keep_alive_interval=1" in cmd and "read_timeout=60" in cmd
         assert "elastic_round.py" in files and "agree get" in files["rank.sh"]
         assert "export -f __gtrain_ckpt" in files["launch.sh"]
         for name in ("launch.sh", "rank.sh", "command"):
@@ -80,3 +80,27 @@ def test_which_losses_are_replaced_alone() -> None:
     assert replaceable({"elastic": {"min": 1, "max": 2, "mode": "torchft", "node0": False}}, [0], 2) is None
     assert replaceable({}, [1], 2) == "the job is not elastic"
     assert replaceable(info, [], 4) == "no node was lost"
+
+
+@pytest.mark.parametrize("nodes, provider, join, keep_alive, read", [
+    (3, "aws", 900, 5, 60),  # the provider's base up to 64 nodes
+    (64, "aws", 900, 5, 66),
+    (512, "aws", 900 + 2 * 448, 25, 111),
+    (1000, "aws", 900 + 2 * 936, 50, 160),
+    (1000, "ssh", 300 + 2 * 936, 20, 160),
+    (4096, "aws", 3600, 200, 469),  # the join timeout's cap
+])
+def test_rendezvous_timeouts_grow_with_the_nodes(nodes: int, provider: str, join: int, keep_alive: int,
+                                                 read: int) -> None:
+    spec = parse_spec({"name": "e", "num_nodes": {"min": 1, "max": nodes}, "job": {"run": "t.py"}})
+    el = torchrun_settings(spec, provider)
+    assert (el["join_timeout"], el["keep_alive_interval"], el["read_timeout"]) == (join, keep_alive, read)
+
+
+def test_a_fixed_worlds_static_rendezvous_waits_longer_for_more_nodes() -> None:
+    from gtrain.spec.elastic import rendezvous_settings
+
+    assert rendezvous_settings(2) == {"join_timeout": 300} == rendezvous_settings(64)
+    assert rendezvous_settings(1000) == {"join_timeout": 300 + 2 * 936}
+    cmd = render_all(ctx("torchrun", num_nodes=1000, **rendezvous_settings(1000)))["command"]
+    assert "--rdzv_conf=timeout=2172" in cmd and "--nnodes=1000" in cmd

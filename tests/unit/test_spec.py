@@ -53,7 +53,7 @@ def test_name_override(tmp_path: Path) -> None:
     ("text", "field", "fragment"),
     [
         ("name: demo\nnum_nodes: 0\n", "num_nodes", "greater than or equal to 1"),
-        ("name: demo\nnum_nodes: 10000\n", "num_nodes", "less than or equal to 512"),
+        ("name: demo\nnum_nodes: 10000\n", "num_nodes", "less than or equal to 4096"),
         ("name: demo\nnum_nodes: two\n", "num_nodes", "'two'"),
         ("name: Demo_1\n", "name", "a-z, 0-9"),
         ("name: demo\nnum_nodse: 2\n", "num_nodse", "did you mean 'num_nodes'"),
