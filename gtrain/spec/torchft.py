@@ -30,7 +30,7 @@ class TorchftOptions(BaseModel):
     lighthouse: str | None = Field(None, description="`http://HOST:PORT` of a Lighthouse you run (on a machine "
                                    "that is not preemptible); gtrain then starts none on node 0")
     port: int | None = Field(None, ge=1024, le=65535, description="node 0's Lighthouse port; default: the job's "
-                             "rendezvous port + num_nodes (free on node 0 at launch)")
+                             "port (found free on node 0 at launch)")
     min_replicas: int = Field(1, ge=1, le=4096, description="replica groups the Lighthouse needs for a quorum")
     join_timeout_ms: int = Field(10000, ge=0, le=3_600_000, description="how long a quorum waits for groups "
                                  "that heartbeat but have not asked to join yet")

@@ -79,10 +79,10 @@ def test_each_node_is_its_own_replica_group_and_node_0_runs_the_lighthouse(tmp_p
     files = [render_all(c) for c in ctxs]
     for k, f in enumerate(files):
         cmd = f["command"]
-        assert cmd.startswith(f"REPLICA_GROUP_ID={k} NUM_REPLICA_GROUPS=2 TORCHFT_LIGHTHOUSE=http://10.0.0.5:29502 ")
-        for flag in ("--nnodes=1", "--nproc_per_node=2", "--rdzv_backend=c10d",
-                     f"--rdzv_endpoint=localhost:{29500 + k}",  # its own rendezvous and MASTER_PORT, on this node
-                     f"--rdzv_id=x-1-group-{k}", f"--local_addr=10.0.0.{5 + k}"):  # MASTER_ADDR: this node
+        assert cmd.startswith(f"REPLICA_GROUP_ID={k} NUM_REPLICA_GROUPS=2 TORCHFT_LIGHTHOUSE=http://10.0.0.5:29500 ")
+        for flag in ("--nnodes=1", "--nproc_per_node=2",
+                     "--standalone",  # its own rendezvous and MASTER_PORT, on this node, on a free port
+                     f"--local_addr=10.0.0.{5 + k}"):  # MASTER_ADDR: this node
             assert flag in cmd, (k, flag, cmd)
         assert "--node_rank" not in cmd and "static" not in cmd
         for name, text in f.items():
@@ -90,11 +90,11 @@ def test_each_node_is_its_own_replica_group_and_node_0_runs_the_lighthouse(tmp_p
                 subprocess.run(["bash", "-n"], input=text, text=True, check=True)
     launch0, launch1 = files[0]["launch.sh"], files[1]["launch.sh"]
     assert "torchft_lighthouse.py" in files[0] and "torchft_lighthouse.py" not in files[1]
-    start = launch0.index("torchft_lighthouse.py 0.0.0.0:29502 1 10000 100 5000")
+    start = launch0.index("torchft_lighthouse.py 0.0.0.0:29500 1 10000 100 5000")
     assert start < launch0.index("REPLICA_GROUP_ID=0")  # the Lighthouse first, then the group's torchrun
     assert '>"$JOB_DIR/logs/lighthouse.log" 2>&1 &' in launch0
     assert "trap 'kill -TERM \"$__gtrain_lighthouse\" 2>/dev/null' EXIT" in launch0
-    assert "lighthouse" not in launch1.replace("TORCHFT_LIGHTHOUSE=http://10.0.0.5:29502", "")
+    assert "lighthouse" not in launch1.replace("TORCHFT_LIGHTHOUSE=http://10.0.0.5:29500", "")
     assert not any("spot" in n for c in ctxs for n in c.launcher_notes)
 
 

@@ -37,15 +37,15 @@ LAUNCHER = Torchrun()
 def torchft_fields(spec: ClusterSpec, master_addr: str, master_port: int, num_nodes: int,
                    market: str | None) -> tuple[dict[str, Any], str | None]:
     """torchft mode's render fields (``NodeContext.torchft``) and a warning for node 0 when its Lighthouse would
-    run on a spot node. Node 0 runs the Lighthouse at ``job.torchft.port`` (default: the job's rendezvous port +
-    ``num_nodes``, past every group's own port ``master_port + node_rank``), unless ``job.torchft.lighthouse``
-    names one the user runs."""
+    run on a spot node. Node 0 runs the Lighthouse at ``job.torchft.port`` (default: the job's port, found free on
+    node 0 at launch; each group's own rendezvous takes a free port of its node: ``--standalone``), unless
+    ``job.torchft.lighthouse`` names one the user runs."""
     from gtrain.spec.torchft import options
 
     opts = options(spec)
     if opts.lighthouse:
         return {"lighthouse": opts.lighthouse.rstrip("/"), "port": 0, "bind": "", "args": []}, None
-    port = opts.port or master_port + num_nodes
+    port = opts.port or master_port
     v6 = ":" in master_addr
     host = f"[{master_addr}]" if v6 else master_addr
     fields = {"lighthouse": f"http://{host}:{port}", "port": port, "bind": f"{'[::]' if v6 else '0.0.0.0'}:{port}",
