@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from gtrain.errors import ConfigError, GtrainError
+from gtrain.errors import CapacityError, ConfigError, GtrainError, QuotaError
 from gtrain.events import SILENT, Reporter
 
 if TYPE_CHECKING:  # kept off the import path of `gtrain status` (pydantic, runners)
@@ -305,3 +305,43 @@ def cannot_replace(provider: str) -> ConfigError:
     return ConfigError(f"--replace-bad: cannot replace nodes on provider {provider}", field="--replace-bad",
                        hint="only a provider that rents its nodes can make new ones; fix or swap the named node "
                             "yourself, or launch without --replace-bad")
+
+
+@dataclass
+class PartialStart:
+    """What an elastic start (``num_nodes: {min, max}``) keeps when the cloud refused some of its nodes for capacity
+    or quota (:func:`partial_start`): the new ranks to keep, those made past a gap (deleted: an elastic cluster's
+    nodes are ranks 0..n-1, the lowest missing first), and the ranks left pending with the cloud's reason. The
+    pending ranks get no node record and their ledger rows stay ``not-created``, as aws's MinCount..MaxCount start
+    leaves them; ``gtrain.runs.elastic.grow`` asks for them again through the provider's ``provision``."""
+
+    keep: list[int]
+    drop: list[int]
+    pending: list[int]
+    why: str
+
+    def note(self, where: str, have: int, spec: ClusterSpec) -> str:
+        """The line ``up`` says (with the cluster's own ``N of M node(s) now`` after it)."""
+        return (f"{where}: node(s) {', '.join(map(str, self.pending))} pending, {have} of {spec.num_nodes} made "
+                f"(num_nodes.min {spec.min_nodes}): {self.why}")
+
+
+def partial_start(spec: ClusterSpec, have: list[int], made: list[int], refused: dict[int, BaseException],
+                  required: set[int] | frozenset[int] = frozenset()) -> PartialStart | None:
+    """Whether a start whose ``refused`` ranks failed may keep the rest (``made``, next to the ranks the cluster
+    ``have`` already): only for an elastic spec, only when every refusal is a capacity or quota answer, never
+    without a ``required`` rank (a replacement of a recorded node), and only with at least the nodes that bring the
+    cluster to ``num_nodes.min`` (and one) -- aws's ``MinCount`` rule. None: the start fails as a fixed one does."""
+    if not spec.elastic or not refused or not all(isinstance(e, CapacityError | QuotaError)
+                                                   for e in refused.values()):
+        return None
+    present = set(have) | set(made)
+    top = 0
+    while top in present:
+        top += 1
+    keep = sorted(r for r in made if r < top)
+    if required - set(range(top)) or len(keep) < max(1, (spec.min_nodes or spec.num_nodes) - len(have)):
+        return None
+    first = refused[min(refused)]
+    why = str(getattr(first, "message", None) or first).splitlines()[0]
+    return PartialStart(keep, sorted(r for r in made if r >= top), list(range(top, spec.num_nodes)), why)

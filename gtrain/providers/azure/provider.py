@@ -6,7 +6,9 @@ orphaned groups by tag (:mod:`.gc`).
 A capacity answer (SkuNotAvailable, AllocationFailed, ZonalAllocationFailed, OverconstrainedAllocationRequest)
 or a quota answer (QuotaExceeded, OperationNotAllowed about quota) in one region deletes that attempt's
 resource group, then tries the next region; after the last, one CapacityError / QuotaError lists them all
-(``resources.any_of`` moves on to its next candidate on exactly those)."""
+(``resources.any_of`` moves on to its next candidate on exactly those). An elastic cluster (``num_nodes: {min,
+max}``) keeps the VMs that came when the others got such an answer, at least ``min`` of them; the refused VMs are
+deleted and made later, as capacity comes."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from gtrain.events import SILENT, Reporter
 from gtrain.providers.azure import api
 from gtrain.providers.azure.options import AzureOptions, azure_options
 from gtrain.providers.azure.resources import AzureResources, NodeBody, power_state
-from gtrain.providers.base import GCResult, IntervalCost, NodeStatus, Plan
+from gtrain.providers.base import GCResult, IntervalCost, NodeStatus, Plan, partial_start
 from gtrain.providers.cloud.billing import cloud_interval_cost
 from gtrain.providers.cloud.failover import Attempts
 from gtrain.providers.cloud.idle import idle_watch
@@ -219,16 +221,27 @@ class AzureProvider(CloudProvider):
 
         with ThreadPoolExecutor(min(self.max_workers, spec.num_nodes)) as pool:
             futs = {rank: pool.submit(one, rank) for rank in range(spec.num_nodes)}
-            errors: list[BaseException] = []
+            errors: dict[int, BaseException] = {}
             got: dict[int, dict[str, Any]] = {}
             for rank, f in futs.items():
                 try:
                     got[rank] = f.result()
                 except BaseException as e:  # noqa: BLE001 - the first (capacity first) error is raised below
-                    errors.append(e)
+                    errors[rank] = e
         if errors:
-            caps = [e for e in errors if isinstance(e, CapacityError | QuotaError)]
-            raise caps[0] if caps else errors[0]
+            # an elastic start keeps what came up when the rest found no capacity (at least num_nodes.min)
+            there = sorted(r for r in range(spec.num_nodes) if api.vm_name(cluster.id, r) in existing)
+            recorded = {n.rank for n in self.store.node_records(cluster.id)}  # a replacement: never left pending
+            start = partial_start(spec, there, sorted(r for r in got if r not in there), errors,
+                                  recorded - set(there))
+            if start is None:
+                caps = [e for e in errors.values() if isinstance(e, CapacityError | QuotaError)]
+                raise caps[0] if caps else next(iter(errors.values()))
+            # the refused VMs (ARM keeps a Failed one) and any made past them go: growth makes them afresh
+            gone = [api.vm_name(cluster.id, r) for r in sorted([*errors, *start.drop])]
+            self._undo_nodes(parts, cluster, group, gone)
+            got = {r: a for r, a in got.items() if r in there or r in start.keep}
+            self.report.warn(start.note(region, len(got), spec))
         return got
 
     def _undo(self, parts: AzureResources, cluster: Cluster, group: str) -> None:

@@ -2,8 +2,10 @@
 parallel, each with a ``requestId`` kept in the resource ledger before the call and a deterministic name
 (``<cluster id>-<rank>``), so a retried or resumed ``up`` gets the same instance back; the insert's zone
 operation is waited on (zoneOperations.wait), then every node until it is RUNNING (a Spot VM deleted while it
-starts is a capacity error). Then recording the nodes and waiting for SSH with the host keys the guest agent
-publishes in guest attributes. A part of :class:`gtrain.providers.gcp.provider.GCPProvider`."""
+starts is a capacity error). An elastic cluster (``num_nodes: {min, max}``) keeps the nodes that came when the
+others were refused for capacity or quota, at least ``min`` of them (:func:`gtrain.providers.base.partial_start`);
+the rest stay pending for ``gtrain.runs.elastic.grow``. Then recording the nodes and waiting for SSH with the host
+keys the guest agent publishes in guest attributes. A part of :class:`gtrain.providers.gcp.provider.GCPProvider`."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from gtrain.errors import CapacityError, GtrainError, ProviderError, QuotaError
+from gtrain.providers.base import partial_start
 from gtrain.providers.cloud.keys import key_path
 from gtrain.providers.cloud.ssh_access import wait_ssh, write_ssh_config
 from gtrain.providers.gcp import api
@@ -60,7 +63,11 @@ class GCPInstances:
         return out
 
     def launch_zone(self, spec: ClusterSpec, cluster: Cluster, project: str, zone: str, body: api.NodeBody,
-                     existing: dict[int, Any], made: list[str]) -> dict[int, Any]:
+                     existing: dict[int, Any], made: list[str], dropped: list[str] | None = None) -> dict[int, Any]:
+        """Make the missing ranks in ``zone`` (names appended to ``made`` as the inserts are accepted) and wait
+        until they run. An elastic start may keep fewer (:func:`gtrain.providers.base.partial_start`): instances
+        made past a refused rank are appended to ``dropped`` for the caller to delete."""
+        dropped = [] if dropped is None else dropped
         missing = [r for r in range(spec.num_nodes) if r not in existing]
         if missing:
             self.report.info(f"{zone}: creating {len(missing)} {body.machine_type} node(s)"
@@ -97,20 +104,32 @@ class GCPInstances:
             self.report.node(rank, f"{name} created in {zone}")
             return name
 
+        ranks = list(range(spec.num_nodes))
         if missing:
-            errors: list[BaseException] = []
+            errors: dict[int, BaseException] = {}
             with ThreadPoolExecutor(min(self.max_workers, len(missing))) as pool:
-                futs = [pool.submit(one, rank) for rank in missing]
-                for f in futs:
+                futs = {rank: pool.submit(one, rank) for rank in missing}
+                for rank, f in futs.items():
                     try:
                         f.result()
                     except BaseException as e:  # noqa: BLE001 - the first error is raised below
-                        errors.append(e)
+                        errors[rank] = e
             if errors:
-                caps = [e for e in errors if isinstance(e, CapacityError | QuotaError)]
-                raise (caps[0] if caps else errors[0])
-        names = {rank: api.instance_name(cluster.id, rank) for rank in range(spec.num_nodes)}
+                # an elastic start keeps what came up when the rest found no capacity (at least num_nodes.min)
+                start = partial_start(spec, sorted(existing), [r for r in missing if r not in errors], errors,
+                                      self._recorded(cluster, missing))
+                if start is None:
+                    caps = [e for e in errors.values() if isinstance(e, CapacityError | QuotaError)]
+                    raise (caps[0] if caps else next(iter(errors.values())))
+                dropped.extend(api.instance_name(cluster.id, r) for r in start.drop)
+                ranks = sorted([*existing, *start.keep])
+                self.report.warn(start.note(zone, len(ranks), spec))
+        names = {rank: api.instance_name(cluster.id, rank) for rank in ranks}
         return self._wait_running(project, zone, names, spec)
+
+    def _recorded(self, cluster: Cluster, ranks: list[int]) -> set[int]:
+        """Those of ``ranks`` the cluster has a node record for: a replacement, never left pending."""
+        return {n.rank for n in self.store.node_records(cluster.id)} & set(ranks)
 
     def _wait_running(self, project: str, zone: str, names: dict[int, str], spec: ClusterSpec,
                       timeout: float = 900.0) -> dict[int, Any]:

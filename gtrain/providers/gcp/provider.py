@@ -5,8 +5,9 @@ the error translation and the request bodies in :mod:`.api`.
 
 Provisioning makes the cluster's firewall rules, then tries zone after zone: ZONE_RESOURCE_POOL_EXHAUSTED (and a
 type the zone does not offer) moves on to the next zone, QUOTA_EXCEEDED to the next region; a failed zone is
-cleaned before moving on, and a failed ``up`` leaves nothing it made. A resumed ``up`` finds the nodes already
-there by label, and they pin the zone.
+cleaned before moving on, and a failed ``up`` leaves nothing it made. An elastic cluster starts in the first zone
+that holds ``num_nodes.min`` of its nodes; the others are made later, as capacity comes. A resumed ``up`` (or the
+growth of an elastic cluster) finds the nodes already there by label, and they pin the zone.
 
 Cost: GCE bills per second with a one-minute minimum; on-demand $/h is the catalog's, stored at start; Spot has
 no price history API, so Spot cost is the catalog's estimate and is marked so; the boot persistent disk is
@@ -175,8 +176,9 @@ class GCPProvider(CloudProvider):
                 continue
             for zone in zones:
                 made: list[str] = []
+                dropped: list[str] = []  # an elastic start's nodes made past a refused rank (ranks stay 0..n-1)
                 try:
-                    nodes = self.instances.launch_zone(spec, cluster, project, zone, body, existing, made)
+                    nodes = self.instances.launch_zone(spec, cluster, project, zone, body, existing, made, dropped)
                 except (CapacityError, QuotaError) as e:
                     attempts.add(f"{region}/{zone}", e)
                     self.report.warn(f"{zone}: {e.message}; "
@@ -188,6 +190,8 @@ class GCPProvider(CloudProvider):
                 except BaseException:  # a bad request, an outage: leave nothing this call made, then say why
                     self._undo(project, cluster, zone, made, made_fw if not existing else [])
                     raise
+                if dropped:
+                    self.teardown.delete_instances(project, [(zone, n) for n in dropped], cluster)
                 self.instances.record_nodes(spec, cluster, plan, opts, project, zone, nodes, regional)
                 if opts.wait_ssh:
                     self.instances.wait_ssh(cluster, opts, project)

@@ -5,8 +5,9 @@ runners and prices each node interval at the price Lambda listed at launch.
 Provisioning uploads the cluster's public key as the SSH key ``gtrain-<cluster id>``, then tries region after
 region: each rank is launched as ``gtrain-<cluster id>-<rank>``; "insufficient capacity" (or a quota) in a
 region terminates what that region got and moves on, and when every region failed, the key goes too and one
-CapacityError (or QuotaError) lists the attempts. A resumed ``up`` finds the nodes already there by name, and
-they pin the region.
+CapacityError (or QuotaError) lists the attempts. An elastic cluster (``num_nodes: {min, max}``) stops at the
+first refused rank and keeps the ranks before it when they are at least ``min``; the others are launched later, as
+capacity comes. A resumed ``up`` finds the nodes already there by name, and they pin the region.
 
 Cost: Lambda bills by the minute at the type's ``price_cents_per_hour``; there is no spot market, and the nodes
 do not end themselves (a powered-off Lambda instance is still billed until terminated): ``gtrain down``
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from gtrain.errors import CapacityError, ConfigError, GtrainError, ProviderError, QuotaError
 from gtrain.events import SILENT, Reporter
-from gtrain.providers.base import GCResult, IntervalCost, NodeStatus, Plan
+from gtrain.providers.base import GCResult, IntervalCost, NodeStatus, Plan, partial_start
 from gtrain.providers.cloud.failover import Attempts
 from gtrain.providers.cloud.idle import idle_watch
 from gtrain.providers.cloud.keys import drop_key, ensure_key, key_path
@@ -191,9 +192,17 @@ class LambdaProvider(CloudProvider):
             rid = self.ledger.record(cluster, "instance", name, region, meta={"name": name})
             try:
                 got = self.api.launch(region, t.name, key, name, opts.file_system_names)
-            except GtrainError:
+            except GtrainError as e:
                 self.ledger.mark(rid, "not-created")
-                raise
+                # an elastic start keeps what came up when the rest found no capacity (at least num_nodes.min);
+                # the launches are one by one, in rank order, so the ranks after this one are not asked for
+                recorded = {n.rank for n in self.store.node_records(cluster.id)}  # a replacement: never pending
+                start = partial_start(spec, sorted(existing), sorted(set(ids) - set(existing)), {rank: e},
+                                      recorded & set(range(rank, spec.num_nodes)))
+                if start is None:
+                    raise
+                self.report.warn(start.note(region, len(ids), spec))
+                break
             if not got:
                 self.ledger.mark(rid, "not-created")
                 raise ProviderError(f"launch {t.name} in {region}: Lambda returned no instance id")
