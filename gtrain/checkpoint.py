@@ -38,7 +38,9 @@ def resume_from() -> str:
 
     A sharded trainer gets the path of the whole step folder, on every node, with every node's files of it (a DCP
     ``step-N/`` with ``.metadata`` and every rank's ``__R_0.distcp``; a DeepSpeed ``global_stepN/`` beside
-    ``latest``), whatever the number of nodes and ranks that wrote it. What to call with it:
+    ``latest``), whatever the number of nodes and ranks that wrote it. (With ``job.checkpoint_tuning.restore:
+    subset``, a DCP step written by this same shape holds its ``.metadata`` and only the files this node's ranks
+    read at ``dcp.load``.) What to call with it:
 
     - FSDP2 / torch.distributed.checkpoint, on every rank (DCP reshards at load: another number of nodes or
       ranks than the one that saved it loads too)::

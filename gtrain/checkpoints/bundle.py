@@ -1,6 +1,7 @@
 """The nodes' checkpoint tool as one file, ``python3 gtrain-ckpt.pyz``: the sync engine's zip
-(:mod:`gtrain.sync.bundle`) plus :mod:`gtrain.checkpoints.store` and :mod:`gtrain.checkpoints.node`. Shipped over a
-backend's runners by :mod:`gtrain.runs.ship`, or carried in a scheduler's plan (kubernetes, ray)."""
+(:mod:`gtrain.sync.bundle`) plus :mod:`gtrain.checkpoints.store`, ``sharded``, ``subset`` and
+:mod:`gtrain.checkpoints.node`. Shipped over a backend's runners by :mod:`gtrain.runs.ship`, or carried in a
+scheduler's plan (kubernetes, ray)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 BUNDLE = "gtrain-ckpt.pyz"
 _MINE = ("checkpoints/__init__.py", "checkpoints/store.py", "checkpoints/sharded.py",
-         "checkpoints/node.py")
+         "checkpoints/subset.py", "checkpoints/node.py")
 _MAIN = "import sys\nfrom gtrain.checkpoints.node import main\nsys.exit(main())\n"
 
 

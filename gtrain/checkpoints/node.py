@@ -31,10 +31,12 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from gtrain.checkpoints.sharded import FRAMEWORK_DOTFILES, dcp_finished, describe
 from gtrain.checkpoints.store import META_DIR, Store, pointer_target
+from gtrain.checkpoints.subset import restore_mode
 from gtrain.errors import GtrainError, SyncError
 
 DONE_SUFFIX = ".done"
@@ -323,15 +325,20 @@ def watch_notices(job_id: str, stop: threading.Event, poll_s: float = 5.0) -> No
 # ---- commands ------------------------------------------------------------------------------------
 
 
-def cmd_restore(store: Store, node: int, root: Path, job_dir: Path, only: str | None = None) -> dict[str, object]:
-    """Restore the newest complete checkpoint (``only``: that one; ``-``: none) into ``root``."""
+def cmd_restore(store: Store, node: int, root: Path, job_dir: Path, only: str | None = None,
+                env: Mapping[str, str] | None = None) -> dict[str, object]:
+    """Restore the newest complete checkpoint (``only``: that one; ``-``: none) into ``root``: the whole step, or
+    (``GTRAIN_CHECKPOINT_RESTORE=subset`` in ``env``, default ``os.environ``) what this node's ranks read
+    (:func:`restore_mode`)."""
     t0 = time.monotonic()
     skipped: list[tuple[str, str]] = []
     got: list[str] = []
     kept: list[str] = []
     ckpt, nbytes = None, 0
+    chose: dict[str, object] = {}
     if only != "-":
-        ckpt, got, kept, nbytes = store.restore_newest(root, skip=skipped, only=only)
+        ckpt, got, kept, nbytes = store.restore_newest(
+            root, skip=skipped, only=only, select=restore_mode(store, node, os.environ if env is None else env, chose))
         if only is not None and ckpt is None:
             raise SyncError(f"checkpoint {only} (the one this elastic round resumes from) cannot be restored from "
                             f"{store.where}" + (f": {skipped[0][1]}" if skipped else ""))
@@ -341,7 +348,8 @@ def cmd_restore(store: Store, node: int, root: Path, job_dir: Path, only: str | 
         doc: dict[str, object] = {"resume_from": "", "name": None, "files": 0, "bytes": 0}
     else:
         doc = {"resume_from": str(root / ckpt.name), "name": ckpt.name, "files": len(got), "kept": len(kept),
-               "bytes": nbytes, "conflicts": store.conflicts, "pointers": store.pointed,
+               "bytes": nbytes, "mode": chose.get("mode", "whole"), "why": chose.get("why", ""),
+               "conflicts": store.conflicts, "pointers": store.pointed,
                "set_aside": set_aside_partial(store, root, ckpt.name)}
         for c in store.conflicts:
             print(f"gtrain-ckpt: restore conflict: {c}", file=sys.stderr, flush=True)

@@ -19,17 +19,20 @@ COMPLETE in the store when some node's manifest names it, every node that has ob
 manifest too (a node still uploading has objects but no manifest yet), and, for a step folder, every node
 that wrote the previous step folder wrote this one (a node slower to write its ranks' part has not yet: the
 step is partial). Restore puts the union of every node's files of the newest complete checkpoint on each
-node: what only rank 0's node wrote must reach every node. A POINTER (a small file beside the step folders
-naming one of them: DeepSpeed's ``latest``) is no checkpoint of its own: after a restore it names the step
+node: what only rank 0's node wrote must reach every node (or, ``GTRAIN_CHECKPOINT_RESTORE=subset``, the files
+of a DCP step that node's ranks read: :mod:`gtrain.checkpoints.subset`). A POINTER (a small file beside the step
+folders naming one of them: DeepSpeed's ``latest``) is no checkpoint of its own: after a restore it names the step
 restored.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -224,7 +227,8 @@ class Store:
             doc["requires"] = requires
         for k, v in (extra or {}).items():
             doc.setdefault(k, v)
-        self._put_bytes(f"node-{node}/{META_DIR}/{name}.json", json.dumps(doc, indent=1).encode())
+        # compact: a 64-rank coordinator-less DCP step's pieces are most of it (docs/durable.md, manifest size)
+        self._put_bytes(f"node-{node}/{META_DIR}/{name}.json", json.dumps(doc, separators=(",", ":")).encode())
         return doc
 
     # ---- reading ---------------------------------------------------------------------------------
@@ -318,12 +322,14 @@ class Store:
                     return f"node-{node}/{rel} is {obj.size} bytes, its manifest says {size} (truncated or altered)"
         return None
 
-    def restore_newest(self, dest: Path, *, skip: list[tuple[str, str]] | None = None, only: str | None = None
+    def restore_newest(self, dest: Path, *, skip: list[tuple[str, str]] | None = None, only: str | None = None,
+                       select: Callable[[Checkpoint], set[str] | None] | None = None
                        ) -> tuple[Checkpoint | None, list[str], list[str], int]:
         """Restore the newest complete checkpoint that is intact: one whose manifests are unsafe or whose files
         do not match them (truncated, altered, missing) is refused and the next older one is tried. Each one
         refused is appended to ``skip`` as (name, why). ``only``: that checkpoint or none (an elastic round's
-        agreed step). Returns (checkpoint or None, downloaded, kept, bytes)."""
+        agreed step). ``select``: which of its files this node needs (None: every file; see
+        :func:`gtrain.checkpoints.node.cmd_restore`). Returns (checkpoint or None, downloaded, kept, bytes)."""
         skipped = skip if skip is not None else []
         for ckpt in reversed(restorable(self.checkpoints())):
             if only is not None and ckpt.name != only:
@@ -331,7 +337,7 @@ class Store:
             why = self.problem(ckpt)
             if why is None:
                 try:
-                    got, kept, nbytes = self.restore(ckpt, dest)
+                    got, kept, nbytes = self.restore(ckpt, dest, files=select(ckpt) if select else None)
                     self.pointed = point(dest, ckpt, self.listing)
                     return ckpt, got, kept, nbytes
                 except SyncError as e:
@@ -339,13 +345,19 @@ class Store:
             skipped.append((ckpt.name, why))
         return None, [], [], 0
 
-    def restore(self, ckpt: Checkpoint, dest: Path, *, no_links: bool = False) -> tuple[list[str], list[str], int]:
+    def restore(self, ckpt: Checkpoint, dest: Path, *, no_links: bool = False, files: set[str] | None = None
+                ) -> tuple[list[str], list[str], int]:
         """Put the newest copy of every file of ``ckpt`` under ``dest`` (:meth:`Checkpoint.newest_files`; verified
         by sha256, through a temp file and a rename, keeping the write's mtime; files already there and identical
         are kept). Same-time copies that differ are named in :attr:`conflicts`. Returns (downloaded, kept, bytes).
         A differing local copy is replaced even when newer: it may be the half of a write a kill cut short. With
-        ``no_links`` (``gtrain pull``), a symlink under ``dest`` on any file's way stops it (:class:`LinkInDest`)."""
+        ``no_links`` (``gtrain pull``), a symlink under ``dest`` on any file's way stops it (:class:`LinkInDest`).
+        ``files``: only those of its files (paths relative to checkpoint_dir; one the checkpoint lacks: SyncError)."""
         wanted, self.conflicts = ckpt.newest_files()
+        if files is not None:
+            if lacking := sorted(files - set(wanted)):
+                raise SyncError(f"{self.where}: {ckpt.name} has no {lacking[0]}")
+            wanted = {rel: v for rel, v in wanted.items() if rel in files}
         for rel in wanted:
             if rel.startswith("/") or ".." in rel.split("/"):
                 raise SyncError(f"{self.where}: manifest of {ckpt.name} names an unsafe path {rel!r}")
@@ -398,6 +410,26 @@ class Store:
         got = [r for r, n in zip(rels, sizes, strict=True) if n >= 0]
         kept = [r for r, n in zip(rels, sizes, strict=True) if n < 0]
         return got, kept, sum(n for n in sizes if n > 0)
+
+    def read_newest(self, ckpt: Checkpoint, rel: str, limit: int) -> bytes | None:
+        """The newest copy of file ``rel`` of ``ckpt`` (at most ``limit`` bytes), checked against its manifest's
+        sha256; None when the checkpoint has no such file, it is larger, or it cannot be fetched intact."""
+        node, f = ckpt.newest_files()[0].get(rel, (None, None))
+        if f is None or not isinstance(f.get("size"), int) or f["size"] > limit:
+            return None
+        obj = (self._listed or {}).get(self.url.key(f"node-{node}/{rel}"))
+        if obj is None:
+            return None
+        fd, tmp = tempfile.mkstemp(prefix=".gtrain-ckpt-")
+        os.close(fd)
+        try:
+            self.backend.download(self.url, obj, Path(tmp), progress=_noop)
+            data = Path(tmp).read_bytes()
+        except (SyncError, OSError):
+            return None
+        finally:
+            os.unlink(tmp)
+        return data if hashlib.sha256(data).hexdigest() == f.get("sha256") else None
 
 
 def restorable(ckpts: list[Checkpoint]) -> list[Checkpoint]:

@@ -71,17 +71,20 @@ class Recovery(BaseModel):
 
 class CheckpointTuning(BaseModel):
     """``job.checkpoint_tuning``: the node uploader's and notice watcher's timings (exported to them as
-    ``GTRAIN_CHECKPOINT_SETTLE_S``, ``GTRAIN_CHECKPOINT_POLL_S``, ``GTRAIN_NOTICE_POLL_S``; ``job.env`` may not
-    set ``GTRAIN_*``)."""
+    ``GTRAIN_CHECKPOINT_SETTLE_S``, ``GTRAIN_CHECKPOINT_POLL_S``, ``GTRAIN_NOTICE_POLL_S``,
+    ``GTRAIN_CHECKPOINT_RESTORE``; ``job.env`` may not set ``GTRAIN_*``)."""
 
     model_config = ConfigDict(extra="forbid")
     settle_s: Annotated[float, BeforeValidator(_not_bool)] = Field(10.0, gt=0, le=3600)
     poll_s: Annotated[float, BeforeValidator(_not_bool)] = Field(2.0, gt=0, le=600)
     notice_poll_s: Annotated[float, BeforeValidator(_not_bool)] = Field(5.0, gt=0, le=600)
+    #: what a node restores of a sharded step (docs/durable.md, "Sharded checkpoints"): ``whole``, every file;
+    #: ``subset``, for a DCP step written by the same shape, only the metadata and the files its ranks read
+    restore: Literal["whole", "subset"] = "whole"
 
     def to_env(self) -> dict[str, str]:
         return {"GTRAIN_CHECKPOINT_SETTLE_S": f"{self.settle_s:g}", "GTRAIN_CHECKPOINT_POLL_S": f"{self.poll_s:g}",
-                "GTRAIN_NOTICE_POLL_S": f"{self.notice_poll_s:g}"}
+                "GTRAIN_NOTICE_POLL_S": f"{self.notice_poll_s:g}", "GTRAIN_CHECKPOINT_RESTORE": self.restore}
 
 
 def check_store(v: str | None) -> str | None:
