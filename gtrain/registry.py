@@ -21,6 +21,16 @@ REGISTRY: dict[str, str] = {
     "lambda": "gtrain.providers.lambda_cloud:LambdaProvider",
     "azure": "gtrain.providers.azure:AzureProvider",
     "ray": "gtrain.providers.ray:RayProvider",
+    "runpod": "gtrain.providers.runpod:RunPodProvider",
+}
+
+#: the providers that keep volumes (a spec's ``volumes:``; docs/volumes.md) and their types, the default first: the
+#: spec checks a type without reaching the providers' code; a provider not named here refuses ``volumes:``
+VOLUME_TYPES: dict[str, tuple[str, ...]] = {
+    "aws": ("gp3", "gp2", "io1", "io2", "st1", "sc1"),
+    "local": ("path",),
+    "ssh": ("path",),
+    "slurm": ("path",),
 }
 
 #: names a spec may give that no registered provider serves yet, with what to say
@@ -163,6 +173,7 @@ CHECKS: dict[str, str] = {
     "slurm": "gtrain.providers.slurm.check:check",
     "kubernetes": "gtrain.providers.kubernetes.check:check",
     "ray": "gtrain.providers.ray.check:check",
+    "runpod": "gtrain.providers.runpod.check:check",
 }
 
 

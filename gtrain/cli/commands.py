@@ -8,7 +8,7 @@ from __future__ import annotations
 PROG = "gtrain"
 
 ROOT_HELP = ("Run PyTorch training on GPU machines gtrain rents, and leave nothing running that nobody watches. "
-             "Providers: local, ssh, aws, gcp, lambda, azure, slurm, kubernetes, ray (and plug-ins).")
+             "Providers: local, ssh, aws, gcp, lambda, azure, slurm, kubernetes, ray, runpod (and plug-ins).")
 
 #: (name, module under gtrain.cli, help), in the order `gtrain --help` lists them
 COMMANDS: tuple[tuple[str, str, str], ...] = (
@@ -39,6 +39,8 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("catalog", "cost_cmds", "GPU instance offers from the catalog (shipped, or your refreshed copy), cheapest first."),
     ("attach", "attach_cmds", "Adopt a running cluster by its tags/labels (no state needed): then status, logs, pull, "
                               "down work here."),
+    ("volume", "volume_cmds", "Volumes that outlive clusters: gtrain volume ls | create -f SPEC NAME | delete NAME "
+                              "(docs/volumes.md)."),
     ("gc", "gc_cmds", "List resources tagged by gtrain that no live cluster in state owns; delete them with --yes."),
     ("ssh", "node_cmds", "Open a shell on a node, or run CMD there: gtrain ssh CLUSTER [SSH-ARGS]... [-- CMD...]."),
     ("exec", "node_cmds", "Run a command on every node (or one): gtrain exec CLUSTER -- CMD ...; exit code = the worst "

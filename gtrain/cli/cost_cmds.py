@@ -22,8 +22,10 @@ def cost(
 
     reports = api.cost()
     if json_:
+        from gtrain.costs.report import standing_charges
+
         out.emit_json({"clusters": [r.to_dict() for r in reports],
-                       "total_usd": round(sum(r.total_usd for r in reports), 6)})
+                       "total_usd": round(sum(r.total_usd for r in reports), 6), "volumes": standing_charges(reports)})
         return
     if not reports:
         out.say("no clusters have run yet.")
@@ -41,6 +43,11 @@ def cost(
                                "started by"], rows)
     total = sum(r.total_usd for r in reports)
     out.say(f"total: {out.fmt_usd(total)}" + ("  (* estimate)" if any(r.estimate for r in reports) else ""))
+    from gtrain.costs.report import standing_charges
+
+    for v in standing_charges(reports):  # volumes outlive their clusters (docs/volumes.md)
+        out.say(f"volume {v['name']} ({v['size_gb']} GB, last on {v['cluster']}): {out.fmt_usd(v['usd_per_month'])}"
+                "/month standing charge while it exists (`gtrain volume ls`)")
     for r in reports:
         for m in (r.placement or {}).get("moves") or []:
             out.say(f"{r.cluster}: moved from {m['from']} to {m['to']} at {out.fmt_time(m['at'])} ({m['why']}); "

@@ -46,6 +46,13 @@ class CostReport:
     #: each job's world size over time (gtrain.state.progress): ``{"job", "world_sizes": [{"since", "nodes",
     #: "ranks"}]}``
     world_sizes: list[dict[str, Any]] = field(default_factory=list)
+    #: the spec's volumes (docs/volumes.md) as the provider attached them, each with its $/GB-month: ``down``
+    #: leaves them, a standing charge outside the node lines and ``total_usd`` (:func:`volume_charges`)
+    volumes: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def standing_usd_per_month(self) -> float:
+        return round(sum(float(v.get("usd_per_month") or 0) for v in self.volumes), 4)
 
     @property
     def recovery_summary(self) -> dict[str, Any]:
@@ -75,6 +82,7 @@ class CostReport:
             "recovery": self.recovery_summary, "recoveries": self.recoveries,
             "placement": {k: v for k, v in self.placement.items() if k != "spec"} if self.placement else None,
             "energy": self.energy, "by": self.by, "launched_by": self.launched_by, "world_sizes": self.world_sizes,
+            "volumes": self.volumes, "standing_usd_per_month": self.standing_usd_per_month,
         }
 
 
@@ -102,6 +110,7 @@ def cluster_cost(store: StateStore, cluster: Cluster, provider: Provider, *, per
             price_per_hour=iv.price_per_hour, cost_usd=round(cost, 6), estimate=estimate, note=note,
         ))
     report.placement = cluster.extra.get("any_of")
+    report.volumes = volume_charges(cluster)
     report.by = str(cluster.extra["by"]) if cluster.extra.get("by") else None
     report.launched_by = list(dict.fromkeys(str(j.info["by"]) for j in store.jobs(cluster.id)
                                             if j.info.get("by") and j.info["by"] != report.by))
@@ -112,6 +121,28 @@ def cluster_cost(store: StateStore, cluster: Cluster, provider: Provider, *, per
     report.world_sizes = [{"job": j.id, "world_sizes": [w.to_dict() for w in world_sizes(
         j.info, num_nodes=cluster.num_nodes, started_at=j.created_at)]} for j in store.jobs(cluster.id)]
     return report
+
+
+def volume_charges(cluster: Cluster) -> list[dict[str, Any]]:
+    """The cluster's volumes (``extra["volumes"]``, written by the provider that attached them) with their
+    monthly charge: size x the $/GB-month stored when they were attached."""
+    out = []
+    for v in cluster.extra.get("volumes") or []:
+        if not isinstance(v, dict):
+            continue
+        size, rate = float(v.get("size_gb") or 0), float(v.get("usd_per_gb_month") or 0)
+        out.append({"name": v.get("name"), "id": v.get("id"), "type": v.get("type"), "region": v.get("region"),
+                    "size_gb": v.get("size_gb"), "usd_per_gb_month": rate, "usd_per_month": round(size * rate, 4)})
+    return out
+
+
+def standing_charges(reports: list[CostReport]) -> list[dict[str, Any]]:
+    """Every volume the reports name, once (the latest cluster's record of it): what is kept after ``down``."""
+    seen: dict[str, dict[str, Any]] = {}
+    for r in reports:
+        for v in r.volumes:
+            seen[str(v.get("id") or v.get("name"))] = {**v, "cluster": r.cluster}
+    return list(seen.values())
 
 
 def history(store: StateStore, provider_for: Any) -> list[CostReport]:

@@ -12,7 +12,7 @@ from gtrain.errors import ConfigError
 from gtrain.providers.base import IntervalCost, NodeStatus, Plan, Provider, ProviderCheck
 from gtrain.remote.base import Runner
 from gtrain.remote.local import LocalRunner
-from gtrain.spec import ClusterSpec
+from gtrain.spec import ClusterSpec, volumes
 from gtrain.state import Cluster, CostInterval
 
 MAX_LOCAL_NODES = 16
@@ -43,10 +43,12 @@ class LocalProvider(Provider):
             region=os.uname().nodename, gpu_name=spec.resources.gpu_name, gpus_per_node=spec.resources.gpus_per_node,
             price_per_hour=0.0, max_hours=spec.policies.max_hours,
             notes=["nodes are directories on this machine; training runs on its CPU (gloo) or GPUs",
-                   *_unenforced(spec)],
+                   *_unenforced(spec), *volumes.path_notes(spec)],
         )
 
     def provision(self, spec: ClusterSpec, cluster: Cluster, plan: Plan) -> None:
+        if volumes.path_volumes(spec):  # host folders: checked (nothing made on a refusal), then linked
+            self._volumes(spec)
         base = self.cluster_dir(cluster.name)
         for rank in range(spec.num_nodes):
             path = base / f"node-{rank}"
@@ -57,6 +59,19 @@ class LocalProvider(Provider):
             self.store.mark_resource(rid, "created")
             self.store.upsert_node(cluster.id, rank, status="up", address="127.0.0.1", instance_id=str(path))
             self.report.node(rank, f"ready at {path}")
+
+    def _volumes(self, spec: ClusterSpec) -> None:
+        import subprocess
+
+        if err := volumes.root_refusal(spec, str(self.store.home.resolve()), "this machine ($GTRAIN_HOME)"):
+            raise err
+        for link in (False, True):
+            r = subprocess.run(["bash", "-c", volumes.path_script(spec, link=link)], capture_output=True, text=True,
+                               timeout=60, check=False, stdin=subprocess.DEVNULL)
+            if err := volumes.path_refusal(spec, "this machine", r.stdout):
+                raise err
+            if r.returncode != 0:
+                raise ConfigError(f"volumes: could not link the mounts: {r.stderr.strip()[-300:]}", field="volumes")
 
     def describe(self, cluster: Cluster) -> list[NodeStatus]:
         out = []

@@ -30,7 +30,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError, to_jsonable_python
 
 from gtrain.errors import ConfigError
-from gtrain.spec import elastic, launchers, torchft, translate
+from gtrain.spec import elastic, launchers, torchft, translate, volumes
 from gtrain.spec.anyof import (
     Candidate,
     Order,
@@ -49,6 +49,7 @@ from gtrain.spec.health import PREFLIGHT_PATTERN, MinGpuUtil
 from gtrain.spec.notify import EnergySpec, NotifySpec, Tracking
 from gtrain.spec.torchft import TorchftOptions
 from gtrain.spec.translate import _short
+from gtrain.spec.volumes import Volume, check_list
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$|^[a-z]$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -164,7 +165,8 @@ class Job(_Model):
         None, description="the run the checkpoints in `checkpoint_store` belong to (a relaunch resumes it; "
         "`CLUSTER/ID`: another cluster's run); default: `run-` + a hash of `run` and `checkpoint_dir`")
     checkpoint_tuning: CheckpointTuning | None = Field(
-        None, description="`{settle_s: 10, poll_s: 2, notice_poll_s: 5}`: the uploader's timings; see docs/durable.md")
+        None, description="`{settle_s: 10, poll_s: 2, notice_poll_s: 5, restore: whole}`: the uploader's timings; "
+                           "`restore: subset`: a DCP step only what the node's ranks read; see docs/durable.md")
     python: str | None = Field(None, description="interpreter on the nodes (default: python3; local: this one)")
     queue: bool = Field(False, description="on a busy cluster, wait in the cluster's queue (on its nodes) instead "
                         "of failing, as `launch --queue`; see docs/queue.md")
@@ -294,7 +296,7 @@ class ClusterSpec(_Model):
     name: str = Field(..., description="the cluster's name: 1-40 of `a-z`, `0-9`, `-`; starts with a letter, "
                       "does not end with `-`; `--name` overrides it")
     provider: str = Field("local", description="a registered provider (`gtrain/registry.py`: `local`, `ssh`, `aws`, "
-                          "`gcp`, `azure`, `lambda`, `slurm`, `kubernetes`, `ray`), or a plug-in's")
+                          "`gcp`, `azure`, `lambda`, `slurm`, `kubernetes`, `ray`, `runpod`), or a plug-in's")
     num_nodes: Int = Field(1, ge=1, le=MAX_NODES, description="nodes of the cluster (local: at most 16); "
                            "`{min: 2, max: 8}`: an elastic run (torchrun; see docs/durable.md, \"Elastic runs\")")
     min_nodes: Int | None = Field(None, ge=1, le=MAX_NODES, exclude=True)  # num_nodes.min (gtrain.spec.elastic)
@@ -305,6 +307,9 @@ class ClusterSpec(_Model):
                                       "ends, is preempted or recovered, nears its budget; see docs/notify.md")
     energy: EnergySpec | None = Field(None, description="`{grid_gco2_per_kwh, grid_source}`: the carbon "
                                       "estimate's grid intensity; see docs/energy.md")
+    volumes: Annotated[list[Volume] | None, AfterValidator(check_list)] = Field(
+        None, description="storage that outlives the cluster: `{name, size_gb, mount, type, path, read_only}`; "
+        "see [volumes](#volumes) and docs/volumes.md")
     # The top-level mapping named like the chosen provider (`ssh:`, `aws:`, ...); its schema belongs to the
     # provider module, which validates it when it plans `up`. Read with section(name) or .ssh / .aws / ...
     _sections: dict[str, dict[str, Any]] = PrivateAttr(default_factory=dict)
@@ -325,6 +330,7 @@ class ClusterSpec(_Model):
         settle(spec, provider_given)
         elastic.check(spec)
         torchft.check(spec)
+        volumes.check(spec)
         allowed = candidate_providers(spec) or [spec.provider]
         for name, section in sections.items():
             if name not in allowed:

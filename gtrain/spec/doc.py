@@ -21,12 +21,13 @@ from pydantic_core import PydanticUndefined
 from gtrain.spec import ClusterSpec, DataEntry, Job, Policies, Resources
 from gtrain.spec.anyof import Candidate
 from gtrain.spec.notify import EmailTarget, EnergySpec, NotifySpec, Tracking, WebhookTarget
+from gtrain.spec.volumes import Volume
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "spec.md"
 TABLES: dict[str, type[BaseModel]] = {
     "top": ClusterSpec, "resources": Resources, "resources.any_of": Candidate, "job": Job, "job.data": DataEntry,
     "policies": Policies, "notify": NotifySpec, "notify.webhook": WebhookTarget, "notify.email": EmailTarget,
-    "energy": EnergySpec, "job.tracking": Tracking,
+    "energy": EnergySpec, "job.tracking": Tracking, "volumes": Volume,
 }
 _BLOCK = re.compile(r"(<!-- BEGIN fields (?P<key>[\w.]+) [^>]*-->\n).*?(<!-- END fields (?P=key) -->)", re.S)
 

@@ -91,14 +91,19 @@ class AWSInstances:
             return token, rids
 
     def launch_zone(self, spec: ClusterSpec, cluster: Cluster, opts: AWSOptions, reg: Region, zone: str,
-                     itype: str, efa: bool, existing: dict[int, dict[str, Any]], made: list[str]
-                     ) -> dict[int, dict[str, Any]]:
+                     itype: str, efa: bool, existing: dict[int, dict[str, Any]], made: list[str], *,
+                     in_group: bool = True) -> dict[int, dict[str, Any]]:
+        """Make the missing ranks in ``zone`` and wait until every node runs. ``in_group=False``: an elastic
+        cluster's node in another zone than the others' (growth or replacement after the cluster's zone refused
+        for capacity), launched without the cluster placement group, which cannot span zones."""
         ec2 = self.clients.ec2(reg.name, opts.profile)
         missing = [r for r in range(spec.num_nodes) if r not in existing]
         new: dict[int, dict[str, Any]] = {}
         if missing:
             self.report.info(f"{reg.name}/{zone}: creating {len(missing)} {itype} node(s)"
-                             + (f" ({len(existing)} already there)" if existing else ""))
+                             + (f" ({len(existing)} already there)" if existing else "")
+                             + ("" if in_group or not reg.pg_name else
+                                f", outside placement group {reg.pg_name} (it is in the other nodes' zone)"))
             token, rids = self._batch_token(cluster, missing, reg.name, zone)
             # the cluster's tags now; each node's rank and Name once it runs (they differ per instance)
             tags = api.base_tags(cluster, opts, f"{cluster.name}-pending")
@@ -109,7 +114,8 @@ class AWSInstances:
                 ImageId=reg.image_id, InstanceType=itype, MinCount=least, MaxCount=len(missing),
                 KeyName=reg.key_name, ClientToken=token,
                 NetworkInterfaces=self._nics(ec2, reg, zone, itype, efa, opts),
-                Placement={"AvailabilityZone": zone, **({"GroupName": reg.pg_name} if reg.pg_name else {})},
+                Placement={"AvailabilityZone": zone,
+                           **({"GroupName": reg.pg_name} if reg.pg_name and in_group else {})},
                 BlockDeviceMappings=[{"DeviceName": reg.root_device, "Ebs": {
                     "VolumeSize": spec.resources.disk_gb, "VolumeType": "gp3", "DeleteOnTermination": True,
                     "Encrypted": True}}],
@@ -254,27 +260,44 @@ class AWSInstances:
             delay = min(delay * 2, opts.poll_s)
 
     def record_nodes(self, spec: ClusterSpec, cluster: Cluster, plan: Plan, opts: AWSOptions, reg: Region,
-                     zone: str, nodes: dict[int, dict[str, Any]], od_price: float, spot_price: float) -> None:
+                     zone: str, nodes: dict[int, dict[str, Any]], od_price: float, spot_price: float, *,
+                     home: str | None = None) -> None:
+        """Record ``nodes``, each in its own zone. ``home``: the zone of the nodes that were already there (an
+        elastic cluster's node 0); a node elsewhere is noted as outside the placement group."""
         from gtrain.state.nodes import NodeRecord
 
         market = "spot" if spec.resources.use_spot else "on-demand"
         price = spot_price if spec.resources.use_spot else od_price
+        home = home or zone
+        moved: list[int] = []
         for rank, inst in sorted(nodes.items()):
+            at = str((inst.get("Placement") or {}).get("AvailabilityZone") or zone)
             extra = {
-                "region": reg.name, "zone": zone,
+                "region": reg.name, "zone": at,
                 "market": market, "instance_type": inst["InstanceType"], "price_ondemand": od_price,
                 "price_spot_catalog": spot_price, "disk_gb": spec.resources.disk_gb,
                 "private_ip": inst.get("PrivateIpAddress"), "public_ip": inst.get("PublicIpAddress"),
                 "lifecycle": inst.get("InstanceLifecycle") or "normal", "ssh_user": opts.ssh_user,
                 "key_file": str(key_path(cluster.id)), "proxy_command": opts.ssh_proxy_command,
+                "placement_group": reg.pg_name if at == home else None,
             }
+            if at != home:
+                if at == zone:
+                    moved.append(rank)
+                extra["note"] = (f"in {at}, not {home} with the cluster's other nodes ({home} had no capacity): "
+                                 "no cluster placement group (it cannot span zones); its traffic to them crosses "
+                                 "zones (same VPC and security group)")
             self.ledger.put_node(cluster.id, NodeRecord(
                 rank=rank, status="up", address=inst.get("PrivateIpAddress"), instance_id=inst["InstanceId"],
-                zone=zone, ssh=ssh_target(extra, inst["InstanceId"]),
+                zone=at, ssh=ssh_target(extra, inst["InstanceId"]),
                 launched_at=api.epoch(inst.get("LaunchTime") or time.time()), extra=extra))
+        if moved:  # this call's zone is not the others'
+            self.report.warn(f"node(s) {', '.join(map(str, moved))} in {zone}, not {home} (no capacity there): "
+                             "same VPC and security group, outside the cluster placement group; their traffic to "
+                             "the other nodes crosses zones (slower, billed per GB)")
         # the region/zone that had capacity may not be the plan's first choice: the plan and the cluster say
         # where the nodes are and what they cost (core opens the cost intervals from this plan)
-        plan.region, plan.zone, plan.price_per_hour = reg.name, zone, price
+        plan.region, plan.zone, plan.price_per_hour = reg.name, home, price
         with self.ledger.lock:
             self.store.update_cluster(cluster.id, region=reg.name, price_per_hour=price)
         write_ssh_config(self.ledger, self.report)

@@ -22,6 +22,7 @@ from gtrain.providers.aws.options import AWSOptions, aws_options
 from gtrain.providers.aws.power import AWSPower
 from gtrain.providers.aws.pricing import EBS_GP3_BY_REGION, EBS_GP3_USD_PER_GB_MONTH, AWSPricing, ebs_rate
 from gtrain.providers.aws.teardown import AWSTeardown
+from gtrain.providers.aws.volumes import AWSVolumes
 from gtrain.providers.base import GCResult, IntervalCost, NodeStatus, Plan
 from gtrain.providers.cloud.failover import Attempts
 from gtrain.providers.cloud.idle import idle_watch
@@ -33,6 +34,7 @@ from gtrain.state import Cluster, CostInterval
 
 if TYPE_CHECKING:
     from gtrain.spec import ClusterSpec
+    from gtrain.spec.volumes import VolumeInfo
     from gtrain.state import StateStore
     from gtrain.state.nodes import NodeRecord
 
@@ -42,6 +44,18 @@ __all__ = ["EBS_GP3_BY_REGION", "EBS_GP3_USD_PER_GB_MONTH", "AWSProvider"]
 def _in_region(zone: str, region: str) -> bool:
     """``us-east-1a`` is in ``us-east-1`` (a zone is its region's name and a letter)."""
     return zone.startswith(region) and zone[len(region):].isalpha()
+
+
+def _home_zone(found: list[dict[str, Any]]) -> str:
+    """The zone of a cluster's nodes already there: node 0's (where the placement group is), else the first's."""
+    zone_of = {api.tagdict(i).get(TAG_RANK): i["Placement"]["AvailabilityZone"] for i in found}
+    return str(zone_of.get("0") or found[0]["Placement"]["AvailabilityZone"])
+
+
+def _failover_zones(home: str, zones: list[str] | None) -> list[str] | None:
+    """Where an elastic cluster's missing nodes may go: ``home`` first, then the spec's other zones (None: every
+    zone of the region that offers the type, as for ``up``)."""
+    return None if zones is None else [home, *(z for z in zones if z != home)]
 
 
 @dataclass
@@ -64,6 +78,7 @@ class AWSProvider(CloudProvider):
         self.teardown = AWSTeardown(self.clients, self.ledger, report)
         self.pricing = AWSPricing(self.clients, self.billing_minimum_s)
         self.power = AWSPower(self.clients, report)
+        self.volumes = AWSVolumes(self.clients, self.ledger, report)
 
     # ---- plan ----
 
@@ -123,6 +138,11 @@ class AWSProvider(CloudProvider):
         if len(regions) > 1:
             notes.append(f"on no capacity: next zone, then {', '.join(regions[1:])}")
         notes += ssh_notes(opts.ssh_cidr, opts.ssh_proxy_command, "aws")
+        if spec.volumes:  # EBS: one zone of the first region (gtrain/providers/aws/volumes.py)
+            from gtrain.providers.aws.volumes import check_sizes, plan_notes
+
+            check_sizes(spec)
+            notes += plan_notes(spec, regions[0])
         notes += lifetime_note(lifetime_s(spec.policies, spec.num_nodes, price_offer.price(res.use_spot)),
                                "a shutdown the node schedules at boot; shutdown from inside = terminate")
         return Plan(
@@ -160,16 +180,26 @@ class AWSProvider(CloudProvider):
         itype = plan.instance_type or ""
         targets = self._targets(spec, plan)
         ssh_cidr = resolve_ssh_cidr(opts.ssh_cidr, opts.ssh_proxy_command, "aws", " (SSM)")
-        # a resumed `up`: the nodes already there pin the region and zone (a placement group is one zone)
+        if spec.volumes:  # before anything is made: refused (exit 2) or the zone an existing volume pins
+            from gtrain.providers.aws.gc import default_regions
+
+            pinned = self.volumes.prepare(spec, cluster, targets[0].region, default_regions(self.store), opts.profile)
+            targets = [_Target(targets[0].region, [pinned] if pinned else targets[0].zones)]
+            if pinned:
+                self.report.info(f"volumes: the nodes go to {pinned}, where the volumes are")
+        # a resumed `up`: the nodes already there pin the region and zone (a placement group is one zone). An
+        # elastic cluster's missing nodes (growth, replacement) may go to the region's other zones when that one
+        # has no capacity: same VPC and security group, outside the placement group (_failover_zones)
         existing: dict[int, dict[str, Any]] = {}
+        home: str | None = None
         for t in targets:
             found = self.clients.find_instances(t.region, cluster.id, opts.profile)
             if found:
-                zone = found[0]["Placement"]["AvailabilityZone"]
-                targets = [_Target(t.region, [zone])]
+                zone = home = _home_zone(found)
+                targets = [_Target(t.region, _failover_zones(zone, t.zones) if spec.elastic else [zone])]
                 unranked: list[dict[str, Any]] = []
                 for inst in found:
-                    if inst["Placement"]["AvailabilityZone"] != zone:
+                    if inst["Placement"]["AvailabilityZone"] != zone and not spec.elastic:
                         continue
                     tag = api.tagdict(inst).get(TAG_RANK)
                     if tag is None:  # made by a batch whose `up` died before tagging ranks
@@ -200,6 +230,10 @@ class AWSProvider(CloudProvider):
                 self._undo_region(cluster, reg, opts)
                 raise
             zones = t.zones or list(reg.subnets)
+            if home is not None:  # the nodes' zone first (its placement group), then the region's others
+                zones = [home, *(z for z in zones if z != home and not efa)]
+                if efa and spec.elastic:  # EFA's OS-bypass traffic stays in one subnet: no other zone
+                    self.report.info(f"{home}: EFA cluster, its missing nodes are asked for in this zone only")
             if not zones:
                 attempts.add(t.region, f"no zone with a default subnet offers {itype}")
                 self._undo_region(cluster, reg, opts)
@@ -207,7 +241,8 @@ class AWSProvider(CloudProvider):
             for zone in zones:
                 made: list[str] = []
                 try:
-                    nodes = self.instances.launch_zone(spec, cluster, opts, reg, zone, itype, efa, existing, made)
+                    nodes = self.instances.launch_zone(spec, cluster, opts, reg, zone, itype, efa, existing, made,
+                                                       in_group=home in (None, zone))
                 except (CapacityError, QuotaError) as e:
                     attempts.add(f"{t.region}/{zone}", e)
                     self.report.warn(f"{zone}: {e.message}; "
@@ -216,9 +251,13 @@ class AWSProvider(CloudProvider):
                     if isinstance(e, QuotaError):
                         break
                     continue
-                self.instances.record_nodes(spec, cluster, plan, opts, reg, zone, nodes, od_price, spot_price)
+                self.instances.record_nodes(spec, cluster, plan, opts, reg, zone, nodes, od_price, spot_price,
+                                            home=home)
+                vols = self.volumes.attach(spec, cluster, reg.name, zone, nodes[min(nodes)]["InstanceId"],
+                                           opts.profile, opts.poll_s) if spec.volumes else []
                 if opts.wait_ssh:
                     self.instances.wait_ssh(cluster, opts)
+                self._mount(cluster, vols, opts.wait_ssh)
                 idle_watch(spec, opts, self.runners(cluster), self.report, self.max_workers, cluster=cluster,
                            limits=self.nodes_enforce_limits)
                 return
@@ -229,6 +268,15 @@ class AWSProvider(CloudProvider):
         attempts.fail(what, quota_hint="request a quota increase, or add resources.regions",
                       capacity_hint="add zones or regions (resources.zones / resources.regions), try on-demand, "
                                     "or fewer nodes; nothing was left running")
+
+    def _mount(self, cluster: Cluster, vols: list[dict[str, Any]], reachable: bool) -> None:
+        from gtrain.providers.aws.volumes import mount_script
+
+        if vols and not reachable:
+            self.report.warn("volumes attached to node 0 but not mounted: aws.wait_ssh is false (`gtrain exec` "
+                             "can run the mount later; docs/volumes.md)")
+        elif vols:
+            self.runners(cluster)[0].run(mount_script(vols), timeout=300)
 
     def _undo_region(self, cluster: Cluster, reg: Region, opts: AWSOptions) -> None:
         """A region that gave nothing: delete what this cluster has there, unless nodes of it run there."""
@@ -334,6 +382,11 @@ class AWSProvider(CloudProvider):
         for region in self._regions_of(cluster):
             left += self.teardown.teardown(region, cluster.id, profile, known_ids=ids_by_region.get(region, set()),
                                   cluster=cluster)
+        kept = self.volumes.release(cluster, profile, aws_options(cluster.spec.get("aws")).poll_s) \
+            if cluster.spec.get("volumes") else []
+        for v in kept:
+            self.report.info(f"volume {v.name} ({v.id}) is kept: {v.size_gb} GB at ${v.usd_per_gb_month:g}/GB-month "
+                             f"(${v.usd_per_month:g}/month) until `gtrain volume delete {v.name}`")
         finish_down(self.ledger, self.report, cluster, left, f"tagged {TAG_CLUSTER}={cluster.id}",
                     "gtrain gc --yes")
 
@@ -396,6 +449,23 @@ class AWSProvider(CloudProvider):
     def price(self, cluster: Cluster, interval: CostInterval) -> IntervalCost:
         node = next((n for n in self.store.node_records(cluster.id) if n.rank == interval.node_rank), None)
         return self.pricing.price(cluster, interval, node)
+
+    # ---- volumes (gtrain volume: gtrain/runs/volumes.py) ----
+
+    def volume_list(self, regions: list[str] | None, **options: str | None) -> list[VolumeInfo]:
+        from gtrain.providers.aws.gc import default_regions
+
+        return self.volumes.list_all(regions or default_regions(self.store), options.get("profile"))
+
+    def volume_create(self, spec: ClusterSpec, name: str) -> VolumeInfo:
+        vol = next(v for v in spec.volumes or [] if v.name == name)
+        plan = self.plan(spec)
+        return self.volumes.create(spec, vol, plan.region or "us-east-1", plan.zone, aws_options(spec.aws).profile)
+
+    def volume_delete(self, name: str, regions: list[str] | None, **options: str | None) -> VolumeInfo | None:
+        from gtrain.providers.aws.gc import default_regions
+
+        return self.volumes.delete(name, regions or default_regions(self.store), options.get("profile"))
 
     # ---- gc ----
 

@@ -124,8 +124,11 @@ class GCPInstances:
                 dropped.extend(api.instance_name(cluster.id, r) for r in start.drop)
                 ranks = sorted([*existing, *start.keep])
                 self.report.warn(start.note(zone, len(ranks), spec))
-        names = {rank: api.instance_name(cluster.id, rank) for rank in ranks}
-        return self._wait_running(project, zone, names, spec)
+        # an elastic cluster's nodes may be in several zones of the region (a growth where the others' zone had
+        # no capacity): those of other zones are running already, as found
+        elsewhere = {r: existing[r] for r in ranks if r in existing and api.zone_of(existing[r].zone or zone) != zone}
+        names = {rank: api.instance_name(cluster.id, rank) for rank in ranks if rank not in elsewhere}
+        return {**elsewhere, **self._wait_running(project, zone, names, spec)}
 
     def _recorded(self, cluster: Cluster, ranks: list[int]) -> set[int]:
         """Those of ``ranks`` the cluster has a node record for: a replacement, never left pending."""
@@ -162,29 +165,42 @@ class GCPInstances:
             delay = min(delay * 2, opts.poll_s)
 
     def record_nodes(self, spec: ClusterSpec, cluster: Cluster, plan: Plan, opts: GCPOptions, project: str,
-                      zone: str, nodes: dict[int, Any], offer: Offer) -> None:
+                      zone: str, nodes: dict[int, Any], offer: Offer, *, home: str | None = None) -> None:
+        """Record ``nodes``, each in its own zone. ``home``: the zone of the nodes that were already there (an
+        elastic cluster's node 0); a node elsewhere is noted so."""
         from gtrain.state.nodes import NodeRecord
 
         spot = spec.resources.use_spot
         price = offer.price(spot)
         region = api.region_of_zone(zone)
+        home = home or zone
+        moved: list[int] = []
         for rank, inst in sorted(nodes.items()):
+            at = api.zone_of(inst.zone) if inst.zone else zone
             nic = inst.network_interfaces[0] if inst.network_interfaces else None
             private_ip = nic.network_i_p if nic else None
             public_ip = nic.access_configs[0].nat_i_p if nic and nic.access_configs else None
             launched = time.time()
             meta: dict[str, Any] = {
-                "project": project, "region": region, "zone": zone,
+                "project": project, "region": region, "zone": at,
                 "market": "spot" if spot else "on-demand", "instance_type": offer.instance_type,
                 "accelerator_type": offer.accelerator_type, "price_ondemand": offer.price_ondemand,
                 "price_spot_catalog": offer.price_spot, "disk_gb": spec.resources.disk_gb, "disk_type": opts.disk_type,
                 "private_ip": private_ip, "public_ip": public_ip, "spot": spot, "ssh_user": opts.ssh_user,
                 "key_file": str(key_path(cluster.id)), "proxy_command": opts.ssh_proxy_command,
             }
+            if at != home:
+                if at == zone:
+                    moved.append(rank)
+                meta["note"] = (f"in {at}, not {home} with the cluster's other nodes ({home} had no capacity): "
+                                "same VPC network; its traffic to them crosses zones")
             self.ledger.put_node(cluster.id, NodeRecord(
-                rank=rank, status="up", address=private_ip, instance_id=inst.name, zone=zone,
+                rank=rank, status="up", address=private_ip, instance_id=inst.name, zone=at,
                 ssh=ssh_target(meta, inst.name), launched_at=launched, extra=meta))
-        plan.region, plan.zone, plan.price_per_hour = region, zone, price
+        if moved:  # this call's zone is not the others'
+            self.report.warn(f"node(s) {', '.join(map(str, moved))} in {zone}, not {home} (no capacity there): same "
+                             "VPC network; their traffic to the other nodes crosses zones (slower, billed per GB)")
+        plan.region, plan.zone, plan.price_per_hour = region, home, price
         with self.ledger.lock:
             self.store.update_cluster(cluster.id, region=region, price_per_hour=price)
         write_ssh_config(self.ledger, self.report)

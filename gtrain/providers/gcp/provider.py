@@ -7,7 +7,8 @@ Provisioning makes the cluster's firewall rules, then tries zone after zone: ZON
 type the zone does not offer) moves on to the next zone, QUOTA_EXCEEDED to the next region; a failed zone is
 cleaned before moving on, and a failed ``up`` leaves nothing it made. An elastic cluster starts in the first zone
 that holds ``num_nodes.min`` of its nodes; the others are made later, as capacity comes. A resumed ``up`` (or the
-growth of an elastic cluster) finds the nodes already there by label, and they pin the zone.
+growth of an elastic cluster) finds the nodes already there by label, and they pin the zone (node 0's); an elastic
+cluster's missing nodes go to the region's other zones when that one has no capacity (same network).
 
 Cost: GCE bills per second with a one-minute minimum; on-demand $/h is the catalog's, stored at start; Spot has
 no price history API, so Spot cost is the catalog's estimate and is marked so; the boot persistent disk is
@@ -147,16 +148,21 @@ class GCPProvider(CloudProvider):
         regions = self.zones.regions(spec, offer)
         ssh_cidr = resolve_ssh_cidr(opts.ssh_cidr, opts.ssh_proxy_command, "gcp", " (IAP)")
         pub = ensure_key(cluster.id)
-        # a resumed `up`: the nodes already there pin the zone
+        # a resumed `up`: the nodes already there pin the zone (node 0's). An elastic cluster's missing nodes
+        # (growth, replacement) may go to the region's other zones when that one has no capacity (same network)
         existing: dict[int, Any] = {}
         found = self.teardown.find_instances(project, cluster.id)
+        home: str | None = None
         if found:
-            zone = api.zone_of(found[0].zone)
+            zone = home = next((api.zone_of(i.zone) for i in found if i.labels.get(LABEL_RANK) == "0"),
+                               api.zone_of(found[0].zone))
             regions = [api.region_of_zone(zone)]
             zones_pin: list[str] | None = [zone]
             for inst in found:
                 rank = int(inst.labels.get(LABEL_RANK, "-1"))
-                if 0 <= rank < spec.num_nodes and api.zone_of(inst.zone) == zone:
+                at = api.zone_of(inst.zone)
+                if 0 <= rank < spec.num_nodes and (at == zone or (spec.elastic and
+                                                                   api.region_of_zone(at) == regions[0])):
                     existing[rank] = inst
             self.report.info(f"found {len(existing)} of {spec.num_nodes} node(s) of {cluster.name} in {zone}")
         else:
@@ -170,6 +176,8 @@ class GCPProvider(CloudProvider):
                 continue
             body = self._body(spec, cluster, opts, regional, pub)
             zones = zones_pin or self.zones.offered_zones(spec, project, region, regional)
+            if home is not None and spec.elastic:  # the nodes' zone first, then the region's others
+                zones = [home, *(z for z in self.zones.offered_zones(spec, project, region, regional) if z != home)]
             if not zones:
                 attempts.add(region, f"no zone offers {regional.instance_type}"
                              + (f" with {regional.accelerator_type}" if _attached(regional) else ""))
@@ -192,7 +200,7 @@ class GCPProvider(CloudProvider):
                     raise
                 if dropped:
                     self.teardown.delete_instances(project, [(zone, n) for n in dropped], cluster)
-                self.instances.record_nodes(spec, cluster, plan, opts, project, zone, nodes, regional)
+                self.instances.record_nodes(spec, cluster, plan, opts, project, zone, nodes, regional, home=home)
                 if opts.wait_ssh:
                     self.instances.wait_ssh(cluster, opts, project)
                 idle_watch(spec, opts, self.runners(cluster), self.report, self.max_workers, cluster=cluster,

@@ -19,6 +19,7 @@ from gtrain.errors import ConfigError
 from gtrain.providers.base import IntervalCost, NodeStatus, Plan, Provider
 from gtrain.providers.slurm.login import login_info, runner_for, sbatch_lines
 from gtrain.providers.slurm.options import SlurmOptions, parse_options, shared_where
+from gtrain.spec.volumes import path_notes, path_refusal, path_script
 
 if TYPE_CHECKING:
     from gtrain.jobs.backend import JobBackend
@@ -116,8 +117,22 @@ class SlurmProvider(Provider):
                    "`down`: each launch is a step in it, the held time is charged" if opts.hold else
                    "allocates nothing at `up`: each launch is one sbatch job",
                    "a job would ask: " + " ".join(lines),
-                   f"charged {opts.rate_per_gpu_hour}/GPU-hour of job time (slurm.rate_per_gpu_hour)"],
+                   f"charged {opts.rate_per_gpu_hour}/GPU-hour of job time (slurm.rate_per_gpu_hour)",
+                   *path_notes(spec)],
         )
+
+    @staticmethod
+    def _volumes(spec: ClusterSpec, runner: Runner, where: str) -> None:
+        """A volume is a folder of the filesystem the nodes share, used where it is (no link: a link made on
+        the login side would not be on the nodes); checked there."""
+        for i, v in enumerate(spec.volumes or []):
+            if v.path and v.path != v.mount:
+                raise ConfigError(f"invalid spec: volumes[{i}].path: slurm uses the shared folder where it is; "
+                                  f"{v.mount} cannot be made a link to {v.path} on the nodes",
+                                  hint=f"drop path and set mount: {v.path}", field=f"volumes[{i}].path")
+        res = runner.run(path_script(spec, link=False), timeout=60, check=False)
+        if err := path_refusal(spec, where, res.stdout):
+            raise err
 
     def provision(self, spec: ClusterSpec, cluster: Cluster, plan: Plan) -> None:
         from gtrain.providers.slurm.commands import Slurm
@@ -130,6 +145,8 @@ class SlurmProvider(Provider):
         shared = opts.shared_dir or "~"
         where = shared_where(opts)
         sub = f"gtrain/{cluster.name}"
+        if spec.volumes:  # folders of the filesystem the nodes share: checked before anything is made
+            self._volumes(spec, probe_runner, opts.login or "the login side")
         rid = self.store.record_resource(cluster.id, "slurm-dir", f"{opts.login or 'local'}:{shared}/{sub}")
         root = probe_runner.check(f"mkdir -p {where}/{sub}/workdir {where}/{sub}/jobs && cd {where}/{sub} && pwd -P")
         root = root.strip()
