@@ -76,10 +76,19 @@ def test_checkpoint_tuning_reaches_the_nodes_uploader(tmp_path: Path) -> None:
 
     spec = _spec({"checkpoint_store": "s3://bkt/p", "checkpoint_tuning": {"settle_s": 3, "notice_poll_s": 0.5}})
     env = spec.job.checkpoint_tuning.to_env()  # type: ignore[attr-defined]
-    assert env == {"GTRAIN_CHECKPOINT_SETTLE_S": "3", "GTRAIN_CHECKPOINT_POLL_S": "2", "GTRAIN_NOTICE_POLL_S": "0.5"}
+    assert env == {"GTRAIN_CHECKPOINT_SETTLE_S": "3", "GTRAIN_CHECKPOINT_POLL_S": "2", "GTRAIN_NOTICE_POLL_S": "0.5",
+                   "GTRAIN_CHECKPOINT_RESTORE": "whole"}
     script = render_all(ctx(checkpoint_store="s3://bkt/p", checkpoint_env=env))["launch.sh"]
     block = script[script.index("export GTRAIN_CHECKPOINT_SETTLE_S"):script.index("__gtrain_ckpt() {")]
     out = subprocess.run(["bash", "-c", block + 'echo "$GTRAIN_CHECKPOINT_SETTLE_S $GTRAIN_NOTICE_POLL_S"'],
                          capture_output=True, text=True, check=True).stdout
     assert out.split() == ["3", "0.5"]
     assert "GTRAIN_CHECKPOINT_SETTLE_S" not in render_all(ctx(checkpoint_store="s3://bkt/p"))["launch.sh"]
+
+
+def test_checkpoint_tuning_restore_is_whole_or_subset() -> None:
+    spec = _spec({"checkpoint_store": "s3://bkt/p", "checkpoint_tuning": {"restore": "subset"}})
+    assert spec.job.checkpoint_tuning.to_env()["GTRAIN_CHECKPOINT_RESTORE"] == "subset"  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError) as e:
+        _spec({"checkpoint_store": "s3://bkt/p", "checkpoint_tuning": {"restore": "mine"}})
+    assert "job.checkpoint_tuning.restore" in e.value.message and "mine" in e.value.message
