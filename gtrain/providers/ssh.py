@@ -148,6 +148,21 @@ def parse_section(spec: ClusterSpec) -> SSHSection:
     return section
 
 
+def _volumes(spec: ClusterSpec, runners: list[Any], labels: list[str], roots: list[str]) -> None:
+    from gtrain.spec.volumes import path_refusal, path_script, root_refusal
+
+    for link in (False, True):
+        for r, label, root in zip(runners, labels, roots, strict=True):
+            if err := root_refusal(spec, root, label):
+                raise err
+            res = r.run(path_script(spec, link=link), timeout=60, check=False)
+            if err := path_refusal(spec, label, res.stdout):
+                raise err
+            if res.rc != 0:
+                raise ConfigError(f"volumes: could not link the mounts on {label}: {res.stderr.strip()[-300:]}",
+                                  field="volumes")
+
+
 def target_for(section: SSHSection, entry: HostEntry) -> SSHTarget:
     from gtrain.remote.ssh import SSHTarget
 
@@ -163,13 +178,16 @@ class SSHProvider(Provider):
     name = "ssh"
 
     def plan(self, spec: ClusterSpec) -> Plan:
+        from gtrain.spec.volumes import path_notes
+
         section = parse_section(spec)
         hosts = [f"{(h.user or section.user)}@{h.host}:{h.port or section.port}" for h in section.hosts]
         return Plan(
             provider="ssh", num_nodes=spec.num_nodes, instance_type="ssh", market="owned",
             gpu_name=spec.resources.gpu_name, gpus_per_node=spec.resources.gpus_per_node, price_per_hour=0.0,
             max_hours=spec.policies.max_hours,
-            notes=[f"hosts: {', '.join(hosts[:spec.num_nodes])}", "machines you already have: no charge from gtrain"],
+            notes=[f"hosts: {', '.join(hosts[:spec.num_nodes])}", "machines you already have: no charge from gtrain",
+                   *path_notes(spec)],
         )
 
     def provision(self, spec: ClusterSpec, cluster: Cluster, plan: Plan) -> None:
@@ -225,6 +243,11 @@ class SSHProvider(Provider):
             lines = "; ".join(f"node {i} ({targets[i].display}): {why}" for i, why in bad)
             raise RemoteError(f"{len(bad)} of {len(targets)} host(s) failed the checks, nothing was created: {lines}",
                               hint="fix the host(s) and run `gtrain up` again")
+        from gtrain.spec.volumes import path_volumes
+
+        if path_volumes(spec):  # host folders: every node checked (nothing made on a refusal), then linked
+            _volumes(spec, runners, [f"node {i} ({t.display})" for i, t in enumerate(targets)],
+                     [str(info["root"]) for info in infos])
         for i, (t, info, entry) in enumerate(zip(targets, infos, entries, strict=True)):
             node_root = str(info["root"])
             rid = self.store.record_resource(cluster.id, "remote-dir", f"{t.display}:{node_root}")
@@ -242,9 +265,16 @@ class SSHProvider(Provider):
         self.report.info(f"ssh config: {path} (add `Include {path}` to ~/.ssh/config for `ssh {cluster.name}-0`)")
 
     def describe(self, cluster: Cluster) -> list[NodeStatus]:
+        """Each host reachable or not: a host that node 0's heartbeat aggregate heard within two of its beats
+        (gtrain.remote.nodebeat.on_time; its newest job not over: gtrain.jobs.nodescript.beats) is reachable
+        without asking it; every other host runs ``true`` over SSH. So a poll of a running job costs one
+        request, not one per host, and a host that went away is asked (and found unreachable) two beats on."""
         runners = self.runners(cluster)
+        fresh = self._beating(cluster, runners)
 
         def one(i: int) -> NodeStatus:
+            if i in fresh:
+                return NodeStatus(i, "running", runners[i].address, "heartbeat")
             try:
                 runners[i].run("true", timeout=30)
                 return NodeStatus(i, "running", runners[i].address)
@@ -252,6 +282,17 @@ class SSHProvider(Provider):
                 return NodeStatus(i, "unreachable", runners[i].address, e.message)
 
         return parallel(one, list(range(len(runners))))
+
+    def _beating(self, cluster: Cluster, runners: list[Runner]) -> set[int]:
+        from gtrain.jobs.nodescript import beats
+        from gtrain.remote.nodebeat import on_time, stale_s
+        from gtrain.state import TERMINAL_JOB
+
+        job = self.store.latest_job(cluster.id)
+        if job is None or job.status in TERMINAL_JOB or len(runners) != cluster.num_nodes:
+            return set()
+        got = beats(runners, job) or {}
+        return {i for i, b in got.items() if on_time(b) and float(b["age"]) <= stale_s()}
 
     def terminate(self, cluster: Cluster) -> None:
         nodes = {n.rank: n for n in self.store.node_records(cluster.id)}
