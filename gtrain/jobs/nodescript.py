@@ -40,13 +40,6 @@ if TYPE_CHECKING:
     from gtrain.state import Job as JobRecord
 
 DRY_RUN_PORT = 29500
-#: how long node 0 may take to hand over its nodes.json (then: every node is asked, as without it)
-BEAT_READ_TIMEOUT_S = 10.0
-#: one read of node 0's nodes.json serves every caller within this (`status`: the job's state, the node rows,
-#: the ssh provider's describe; the watcher: the provider's view and the nodes' own word)
-BEAT_READ_TTL_S = 1.0
-_beat_reads: dict[tuple[str, str, str], tuple[float, dict[str, Any] | None]] = {}
-_beat_lock = threading.Lock()
 
 
 def job_dir(runner: Runner, job_id: str) -> str:
@@ -137,49 +130,6 @@ def tracking_links(cluster: Cluster, job: Job) -> dict[str, str]:
     from gtrain.tracking import links
 
     return links(job, run_key(cluster.name, job.run_id, job.run, job.checkpoint_dir))
-
-
-def read_beats(r: Runner, job_id: str, *, timeout: float = BEAT_READ_TIMEOUT_S) -> dict[str, Any] | None:
-    """Node 0's ``JOB/nodes.json`` (gtrain.remote.nodebeat.read: the document, node 0's clock, whether its
-    aggregator runs) in one request over ``r`` (node 0's runner); None when node 0 did not answer. Read once
-    per :data:`BEAT_READ_TTL_S` whoever asks."""
-    import json
-    import time
-
-    from gtrain.jobs.templating import nodebeat_source
-    from gtrain.remote import nodebeat
-    from gtrain.remote.local import LocalRunner
-
-    key = (str(r.address), str(r.root), job_id)
-    with _beat_lock:
-        got = _beat_reads.get(key)
-        if got is not None and time.monotonic() - got[0] < BEAT_READ_TTL_S:
-            return got[1]
-    answer: dict[str, Any] | None
-    if isinstance(r, LocalRunner):  # this machine's folders: read in-process, as LocalRunner.call does
-        answer = dict(nodebeat.read(job_dir(r, job_id)))
-    else:
-        try:
-            res = r.run_python(nodebeat_source(), ["read", job_dir(r, job_id)], timeout=timeout)
-            doc = json.loads(res.stdout)
-            answer = doc if isinstance(doc, dict) else None
-        except (GtrainError, OSError, ValueError):
-            answer = None
-    with _beat_lock:
-        _beat_reads[key] = (time.monotonic(), answer)
-    return answer
-
-
-def beats(runners: list[Runner], job: JobRecord) -> dict[int, dict[str, Any]] | None:
-    """Each node's word from node 0's heartbeat aggregate (gtrain.remote.nodebeat.derive: ``running``,
-    ``pending``, ``dead``, an end's state, ``unreachable`` when heard and then silent past the stale timeout,
-    ``unheard``); None when it cannot be used (no answer, none kept, its aggregator gone): ask every node."""
-    from gtrain.remote import nodebeat
-
-    if not runners:
-        return None
-    return nodebeat.derive(read_beats(runners[0], job.id), job_id=job.id, num_nodes=len(runners),
-                           stale=nodebeat.stale_s(), attempt=job.info.get("attempt", 1))
 
 
 class NodeScriptBackend(JobBackend):
@@ -292,35 +242,6 @@ class NodeScriptBackend(JobBackend):
         picked = list(range(len(self.runners))) if nodes is None else nodes
         raws = parallel(lambda i: self._node_state(i, job.id), picked)
         statuses = [node_status(i, raw) for i, raw in zip(picked, raws, strict=True)]
-        state, code = aggregate(statuses)
-        return JobDescription(job.id, state, code, statuses)
-
-    def describe_from_beats(self, job: JobRecord) -> JobDescription:
-        """:meth:`describe` in one request while the job runs: the nodes that node 0's aggregate says run, heard
-        within two beats (``nodebeat.on_time``), as their last beat said (their ended ranks included); every
-        other node (late, silent, never heard, pending, ended, dead) asked itself as :meth:`describe` does.
-        Without an aggregate (an older job, node 0 not answering, its aggregator gone): :meth:`describe`. A
-        node's beat goes out at once when its state changes (half a second), else every
-        ``GTRAIN_HEARTBEAT_S``: for reading (`status`); a caller acting on the job (fail-fast) asks
-        :meth:`describe`."""
-        from gtrain.remote.nodebeat import on_time
-
-        got = beats(self.runners, job)
-        if got is None:
-            return self.describe(job)
-        known = {i: b for i, b in got.items() if b["word"] == "running" and on_time(b)}
-        rest = [i for i in range(len(self.runners)) if i not in known]
-        asked = dict(zip(rest, parallel(lambda i: self._node_state(i, job.id), rest), strict=True)) if rest else {}
-        statuses = []
-        for i in range(len(self.runners)):
-            if i in asked:
-                statuses.append(node_status(i, asked[i]))
-                continue
-            entry = known[i]["entry"]
-            statuses.append(node_status(i, {"state": "running", "exit_code": None,
-                                            "ranks": entry.get("exits") if isinstance(entry.get("exits"), dict)
-                                            else {}, "via": "heartbeat", "heartbeat_age": known[i]["age"],
-                                            "step": known[i]["step"]}))
         state, code = aggregate(statuses)
         return JobDescription(job.id, state, code, statuses)
 
