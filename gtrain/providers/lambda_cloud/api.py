@@ -27,17 +27,16 @@ whole process within them, and a 429 is retried after ``Retry-After`` (else a ba
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any, ClassVar
 
 from gtrain.errors import CapacityError, CredentialsError, GtrainError, ProviderError, QuotaError
+from gtrain.providers.cloud import http
 from gtrain.providers.cloud.errors import with_code
+from gtrain.providers.cloud.http import JSONClient
 
 BASE_URL = "https://cloud.lambda.ai/api/v1"
 #: gtrain's own override of the endpoint (a proxy, or the tests' fake)
@@ -65,8 +64,7 @@ class NoAPIKey(CredentialsError):
     """No API key in the environment or Lambda's key file (a dry run then plans from the bundled snapshot)."""
 
 
-class Unreachable(ProviderError):
-    """The API did not answer (no network)."""
+Unreachable = http.Unreachable
 
 
 def api_key() -> str:
@@ -154,16 +152,23 @@ def translate(status: int, body: Any, what: str) -> GtrainError:
     return with_code(e, code)
 
 
-class LambdaAPI:
-    """One client of the API: the key, the base URL, retries on 429 (``Retry-After``)."""
+class LambdaAPI(JSONClient):
+    """One client of the API: the key, the base URL, the pacer, retries on 429 (``Retry-After``)
+    (gtrain/providers/cloud/http.py). A 5xx is not retried: a launch may have been made."""
+
+    service = "Lambda Cloud"
+    env_url = "LAMBDA_API_URL"
+    retry_5xx = 0
+    max_wait_429_s = 15.0
+    backoff_429_s = 0.5
 
     def __init__(self, key: str | None = None, base_url: str | None = None, timeout: float = 30.0,
                  max_429: int = 8) -> None:
+        base = (base_url or os.environ.get(ENV_URL) or BASE_URL).rstrip("/")
+        self.pacer = Pacer.from_env(base)
+        super().__init__(base, timeout=timeout, max_429=max_429,
+                         pace=lambda _method, path: self.pacer.wait(launch=path == "/instance-operations/launch"))
         self._key = key
-        self.base_url = (base_url or os.environ.get(ENV_URL) or BASE_URL).rstrip("/")
-        self.timeout = timeout
-        self.max_429 = max_429
-        self.pacer = Pacer.from_env(self.base_url)
 
     @property
     def key(self) -> str:
@@ -171,37 +176,11 @@ class LambdaAPI:
             self._key = api_key()
         return self._key
 
-    def call(self, method: str, path: str, body: Any = None, what: str | None = None) -> Any:
-        what = what or f"{method} {path}"
-        data = json.dumps(body).encode() if body is not None else None
-        for attempt in range(self.max_429 + 1):
-            self.pacer.wait(launch=path == "/instance-operations/launch")
-            req = urllib.request.Request(f"{self.base_url}{path}", data=data, method=method, headers={
-                "Authorization": f"Bearer {self.key}", "Accept": "application/json",
-                **({"Content-Type": "application/json"} if data is not None else {})})
-            try:
-                with urllib.request.urlopen(req, timeout=self.timeout) as r:  # noqa: S310 - https or a fake
-                    raw = r.read()
-                return json.loads(raw) if raw else {}
-            except urllib.error.HTTPError as e:
-                raw = e.read()
-                try:
-                    parsed = json.loads(raw) if raw else None
-                except ValueError:
-                    parsed = None
-                if e.code == 429 and attempt < self.max_429:
-                    try:
-                        wait = float(e.headers.get("Retry-After") or 0)
-                    except ValueError:
-                        wait = 0.0
-                    time.sleep(min(15.0, max(wait, 0.5 * 2 ** attempt)))
-                    continue
-                raise translate(e.code, parsed, what) from None
-            except (urllib.error.URLError, OSError) as e:
-                reason = getattr(e, "reason", e)
-                raise Unreachable(f"{what}: cannot reach Lambda Cloud at {self.base_url} ({reason})",
-                                  hint="check the network (or LAMBDA_API_URL)") from None
-        raise ProviderError(f"{what}: Lambda Cloud's rate limit (HTTP 429)")  # pragma: no cover - loop returns
+    def auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"}
+
+    def translate(self, status: int, body: Any, what: str) -> GtrainError:
+        return translate(status, body, what)
 
     # ---- the calls gtrain makes ----
 

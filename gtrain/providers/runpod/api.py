@@ -33,17 +33,15 @@ an ``Authorization: Bearer`` header only: never in a URL (GraphQL's ``?api_key=`
 
 from __future__ import annotations
 
-import json
 import os
-import time
 import tomllib
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from gtrain.errors import CapacityError, CredentialsError, GtrainError, ProviderError, QuotaError
+from gtrain.providers.cloud import http
 from gtrain.providers.cloud.errors import with_code
+from gtrain.providers.cloud.http import JSONClient
 
 BASE_URL = "https://api.runpod.io/v2"
 #: gtrain's own override of the endpoint (a proxy, or the tests' fake). Not RUNPOD_API_URL: runpodctl reads that
@@ -54,15 +52,13 @@ ENV_KEY = "RUNPOD_API_KEY"
 KEY_FILE = "~/.runpod/config.toml"
 KEY_HINT = f"set {ENV_KEY}, or run `runpodctl config --apiKey <key>` (writes {KEY_FILE}); make a key at " \
            "https://www.console.runpod.io/user/settings"
-RETRY_5XX = 3
 
 
 class NoAPIKey(CredentialsError):
     """No API key in the environment or runpodctl's config file."""
 
 
-class Unreachable(ProviderError):
-    """The API did not answer (no network)."""
+Unreachable = http.Unreachable
 
 
 def key_source() -> tuple[str, str] | None:
@@ -116,15 +112,18 @@ def is_gone(e: BaseException) -> bool:
     return getattr(e, "code", None) == "404"
 
 
-class RunPodAPI:
-    """One client of the API: the key, the base URL, retries on 429 (``Retry-After``) and 5xx."""
+class RunPodAPI(JSONClient):
+    """One client of the API: the key, the base URL, retries on 429 (``Retry-After``) and 5xx
+    (gtrain/providers/cloud/http.py)."""
+
+    service = "RunPod"
+    env_url = ENV_URL
+    retry_5xx = 3
 
     def __init__(self, key: str | None = None, base_url: str | None = None, timeout: float = 30.0,
                  max_429: int = 8) -> None:
+        super().__init__(base_url or os.environ.get(ENV_URL) or BASE_URL, timeout=timeout, max_429=max_429)
         self._key = key
-        self.base_url = (base_url or os.environ.get(ENV_URL) or BASE_URL).rstrip("/")
-        self.timeout = timeout
-        self.max_429 = max_429
 
     @property
     def key(self) -> str:
@@ -132,41 +131,11 @@ class RunPodAPI:
             self._key = api_key()
         return self._key
 
-    def call(self, method: str, path: str, body: Any = None, what: str | None = None) -> Any:
-        what = what or f"{method} {path}"
-        data = json.dumps(body).encode() if body is not None else None
-        fails = 0
-        for attempt in range(self.max_429 + RETRY_5XX + 1):
-            req = urllib.request.Request(f"{self.base_url}{path}", data=data, method=method, headers={
-                "Authorization": f"Bearer {self.key}", "Accept": "application/json",
-                **({"Content-Type": "application/json"} if data is not None else {})})
-            try:
-                with urllib.request.urlopen(req, timeout=self.timeout) as r:  # noqa: S310 - https or a fake
-                    raw = r.read()
-                return json.loads(raw) if raw else {}
-            except urllib.error.HTTPError as e:
-                raw = e.read()
-                try:
-                    parsed = json.loads(raw) if raw else None
-                except ValueError:
-                    parsed = None
-                if e.code == 429 and attempt < self.max_429:
-                    try:
-                        wait = float(e.headers.get("Retry-After") or 0)
-                    except ValueError:
-                        wait = 0.0
-                    time.sleep(min(60.0, max(wait, 0.2 * 2 ** min(attempt, 5))))
-                    continue
-                if e.code >= 500 and fails < RETRY_5XX:
-                    fails += 1
-                    time.sleep(0.5 * 2 ** fails)
-                    continue
-                raise translate(e.code, parsed, what) from None
-            except (urllib.error.URLError, OSError) as e:
-                reason = getattr(e, "reason", e)
-                raise Unreachable(f"{what}: cannot reach RunPod at {self.base_url} ({reason})",
-                                  hint=f"check the network (or {ENV_URL})") from None
-        raise ProviderError(f"{what}: RunPod's rate limit (HTTP 429)")  # pragma: no cover - the loop returns
+    def auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"}
+
+    def translate(self, status: int, body: Any, what: str) -> GtrainError:
+        return translate(status, body, what)
 
     # ---- the calls gtrain makes ----
 
