@@ -251,3 +251,55 @@ def test_a_bad_state_url_is_one_message(shared: dict[str, Any]) -> None:
     env = {k: v for k, v in shared["b"].items() if k != "GTRAIN_STATE"}
     r = gt(env, "status")
     assert r.returncode == 2 and "config.yaml" in r.stderr and "not a valid S3 bucket" in r.stderr, r.stderr
+
+
+QJOB = """import os, pathlib, time
+if os.environ["LABEL"] == "blocker":
+    while not pathlib.Path(os.environ["RELEASE"]).exists():
+        time.sleep(0.05)
+with open(os.environ["QUEUE_LOG"], "a") as f:
+    f.write(os.environ["LABEL"] + "\\n")
+print("ran", os.environ["LABEL"], flush=True)
+"""
+
+
+def test_a_queue_filled_on_a_is_followed_and_cancelled_from_b(shared: dict[str, Any], tmp_path: Path) -> None:
+    """Issue 39: machine A queues jobs on a 1-node cluster; machine B, with nothing in its home but the shared
+    state, lists the same queue, cancels a waiting job, follows a waiting one to its end."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "job.py").write_text(QJOB)
+    log, release = tmp_path / "order.log", tmp_path / "release"
+    spec = tmp_path / "sq.yaml"
+    spec.write_text(json.dumps({"name": "sq", "provider": "local", "num_nodes": 1, "job": {
+        "workdir": str(work), "run": "job.py", "launcher": "python", "python": sys.executable,
+        "env": {"QUEUE_LOG": str(log), "RELEASE": str(release), "LABEL": "unset"}}}))
+    a, b = shared["a"], shared["b"]
+    assert gt(a, "up", str(spec)).returncode == 0
+    try:
+        ids = {}
+        for label, prio in (("blocker", 0), ("low", 1), ("high", 9), ("doomed", 5)):
+            r = gt(a, "launch", str(spec), "--queue", "--priority", str(prio), "--env", f"LABEL={label}", "--json")
+            assert r.returncode == 0, r.stderr
+            ids[label] = json.loads(r.stdout)["job_id"]
+        assert not Path(b["GTRAIN_HOME"]).exists()
+        r = gt(b, "queue", "sq", "--json")
+        assert r.returncode == 0, r.stderr
+        docs = json.loads(r.stdout)["jobs"]
+        assert [d["job_id"] for d in docs if d["state"] == "waiting"] == [ids[k] for k in ("high", "doomed", "low")]
+        assert [d["state"] for d in docs if d["job_id"] == ids["blocker"]] == ["running"]
+        r = gt(b, "cancel", "sq", "--job", ids["doomed"], "--json")
+        assert r.returncode == 0, r.stderr
+        follower = subprocess.Popen([sys.executable, "-m", "gtrain", "logs", "sq", "--job", ids["low"], "-f"],
+                                    env=b, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    stdin=subprocess.DEVNULL)
+        release.touch()
+        out, err = follower.communicate(timeout=60)
+        assert follower.returncode == 0, err
+        assert "ran low" in out
+        assert log.read_text().split() == ["blocker", "high", "low"]
+        r = gt(a, "queue", "sq", "--json")  # A sees what B did
+        states = {d["job_id"]: d["state"] for d in json.loads(r.stdout)["jobs"]}
+        assert states[ids["doomed"]] == "cancelled" and states[ids["low"]] == "succeeded", states
+    finally:
+        gt(a, "down", "sq", "--yes")
