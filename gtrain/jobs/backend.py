@@ -229,6 +229,9 @@ class JobBackend(ABC):
     #: True where cancelling the job deletes its lines (kubernetes: the pods and their logs): `down` keeps a
     #: running job's lines in the run archive before it stops the job, not only after.
     logs_go_with_job: bool = False
+    #: True where a scheduler places the job on its nodes (slurm, kubernetes, ray): ``job.gpus_per_node`` is
+    #: mapped to its request (gtrain.spec.queue.job_gpus) and the scheduler packs; else gtrain's queue packs
+    scheduler_packs: bool = False
 
     def __init__(self, provider: NodeProvider, cluster: Cluster) -> None:
         self.provider = provider

@@ -96,10 +96,6 @@ def launch(cluster: Cluster, spec: ClusterSpec, ctx: Context, *, force: bool = F
            priority: int | None = None) -> LaunchResult:
     _job, local_workdir = check_job(spec, dry_run=dry_run)
     queue = queue or _job.queue  # the cluster's queue: the job waits its turn (docs/queue.md)
-    from gtrain.spec.queue import problem as queue_problem
-
-    if found := queue_problem(spec, _job, cluster.num_nodes):  # job.gpus_per_node: what a node can give
-        raise ConfigError(found[1], field=found[0])
     prio = _job.priority if priority is None else priority
     if cluster.status == "stopped" and not dry_run:
         raise ConfigError(f"cluster {cluster.name} is stopped: nothing can run on its nodes",
@@ -109,6 +105,11 @@ def launch(cluster: Cluster, spec: ClusterSpec, ctx: Context, *, force: bool = F
 
         raise cannot_replace(cluster.provider)
     backend = ctx.backend(cluster)
+    from gtrain.spec.queue import problem as queue_problem
+
+    # job.gpus_per_node: what a node can give (a scheduler packs jobs itself: only its request is mapped)
+    if found := queue_problem(spec, _job, cluster.num_nodes, scheduler=backend.scheduler_packs):
+        raise ConfigError(found[1], field=found[0])
     if queue:
         from gtrain.jobs.queue import check_queueable
 

@@ -30,7 +30,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError, to_jsonable_python
 
 from gtrain.errors import ConfigError
-from gtrain.spec import elastic, launchers, torchft, translate, volumes
+from gtrain.spec import elastic, launchers, queue, torchft, translate, volumes
 from gtrain.spec.anyof import (
     Candidate,
     Order,
@@ -331,6 +331,7 @@ class ClusterSpec(_Model):
         elastic.check(spec)
         torchft.check(spec)
         volumes.check(spec)
+        queue.check(spec)
         allowed = candidate_providers(spec) or [spec.provider]
         for name, section in sections.items():
             if name not in allowed:

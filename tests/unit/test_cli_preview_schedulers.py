@@ -90,3 +90,29 @@ def test_ray_dry_run_prints_the_job_submission_offline(tmp_path: Path) -> None:
     for node in (0, 1):
         assert f"# ---- node {node}: launch.sh ----" in r.stdout
     assert "export LR=0.1" in r.stdout
+
+
+@pytest.mark.parametrize("provider", ["kubernetes", "slurm", "ray"])
+def test_a_scheduler_gets_job_gpus_per_node_and_packs_itself(tmp_path: Path, provider: str) -> None:
+    """Issue 39: `job.gpus_per_node: 2` of 8 on two nodes is mapped to the scheduler's request (it packs jobs on
+    its nodes itself), where gtrain's own queue would refuse a multi-node packed job."""
+    path = write_spec(tmp_path, provider)
+    doc = yaml.safe_load(path.read_text())
+    doc["job"]["gpus_per_node"] = 2
+    path.write_text(yaml.safe_dump(doc))
+    r = gtrain(tmp_path, "launch", str(path), "--dry-run")
+    assert r.returncode == 0, r.stderr
+    if provider == "kubernetes":
+        pod = list(yaml.safe_load_all(objects(r.stdout, "objects.yaml")))[2]["spec"]["template"]["spec"]
+        assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    elif provider == "slurm":
+        batch = objects(r.stdout, "batch.sh")
+        assert "#SBATCH --gpus-per-node=2" in batch and "--gpus-per-node=8" not in batch
+    else:
+        assert json.loads(objects(r.stdout, "ray-job.json"))["driver"]["bundle"]["GPU"] == 2
+    assert "--nproc-per-node=2" in r.stdout or "NPROC_PER_NODE=2" in r.stdout or "nproc_per_node 2" in r.stdout \
+        or "--nproc_per_node=2" in r.stdout, r.stdout[-3000:]
+    doc["job"]["gpus_per_node"] = 9  # more than a node has: refused everywhere, nothing made
+    path.write_text(yaml.safe_dump(doc))
+    r = gtrain(tmp_path, "launch", str(path), "--dry-run")
+    assert r.returncode == 2 and "job.gpus_per_node: 9 but a node has 8" in r.stderr, r.stderr

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from gtrain.errors import ConfigError
 from gtrain.remote import nodequeue
 
 
@@ -125,9 +126,10 @@ def test_gpus_per_node_checks() -> None:
     s = spec("A100:8", gpus_per_node=2)
     assert s.job is not None and packed(s, s.job) and problem(s, s.job, 1) is None
     assert "whole nodes" in (problem(s, s.job, 2) or ("", ""))[1]
-    s = spec("A100:2", gpus_per_node=4)
-    assert s.job is not None and "a node has 2" in (problem(s, s.job, 1) or ("", ""))[1]
-    s = spec(None, gpus_per_node=1)
-    assert s.job is not None and "no GPU" in (problem(s, s.job, 1) or ("", ""))[1]
+    assert problem(s, s.job, 2, scheduler=True) is None  # Slurm, Kubernetes, Ray pack multi-node jobs themselves
+    for accel, want, says in (("A100:2", 4, "a node has 2"), (None, 1, "no GPU")):  # no backend could: at load
+        with pytest.raises(ConfigError) as e:
+            spec(accel, gpus_per_node=want)
+        assert says in str(e.value) and e.value.exit_code == 2 and e.value.field == "job.gpus_per_node"
     s = spec("A100:8", gpus_per_node=1, image="ubuntu:24.04")
     assert s.job is not None and "container" in (problem(s, s.job, 1) or ("", ""))[1]

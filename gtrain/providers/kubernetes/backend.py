@@ -51,6 +51,7 @@ def ship_bundle() -> bytes:
 
 class KubernetesBackend(JobBackend):
     name = "kubernetes"
+    scheduler_packs = True
     checkpoint_tool = "plan"  # pods exist only once the Job is: its pods carry the tool (a ConfigMap)
     logs_go_with_job = True  # cancel deletes the pods, and their logs with them: `down` keeps them first
     provider: KubeHost

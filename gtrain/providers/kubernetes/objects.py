@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gtrain.errors import ConfigError
+from gtrain.spec.queue import job_gpus
 
 if TYPE_CHECKING:
     from gtrain.jobs.backend import JobRequest
@@ -152,7 +153,7 @@ def objects(request: JobRequest, opts: KubernetesOptions, name: str, master_port
     svc = {"apiVersion": "v1", "kind": "Service", "metadata": meta,
            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": {LABEL_JOB: lab[LABEL_JOB]},
                     "ports": [{"name": "rdzv", "port": master_port, "targetPort": master_port}]}}
-    gpus = spec.resources.gpus_per_node if spec.resources.accelerators else 0
+    gpus = job_gpus(spec, job)  # job.gpus_per_node: the scheduler packs pods on a node's GPUs
     limits: dict[str, Any] = {}
     if gpus:
         limits[opts.gpu_resource] = str(gpus)

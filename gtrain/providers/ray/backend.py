@@ -37,6 +37,7 @@ from gtrain.jobs.backend import (
 from gtrain.jobs.render import NodeContext
 from gtrain.providers.ray import states
 from gtrain.providers.ray.api import RayAPI, stop_job
+from gtrain.spec.queue import job_gpus
 
 if TYPE_CHECKING:
     from gtrain.providers.ray.execjob import RayExec
@@ -54,6 +55,7 @@ def ip_token(k: int) -> str:
 
 class RayBackend(JobBackend):
     name = "ray"
+    scheduler_packs = True
 
     @property
     def api(self) -> RayAPI:
@@ -129,7 +131,7 @@ class RayBackend(JobBackend):
                 checkpoint_key=run_key(self.cluster.name, job.run_id, job.run, job.checkpoint_dir))
             contexts.append(ctx)
             files[k] = render_all(ctx)
-        gpus = spec.resources.gpus_per_node if spec.resources.accelerators else 0
+        gpus = job_gpus(spec, job)  # job.gpus_per_node: Ray packs bundles on a node's GPUs
         driver_plan = {"job_id": request.job_id, "submission_id": request.job_id, "num_nodes": n,
                        "bundle": opts.bundle(gpus), "strategy": PLACEMENTS[opts.placement], "root": root,
                        "checkpoint_dir": job.checkpoint_dir, "secret_names": list(job.secrets),

@@ -104,6 +104,7 @@ def render_job(request: JobRequest, root: str, python: str, sbatch: list[str],
 
 class SlurmBackend(JobBackend):
     name = "slurm"
+    scheduler_packs = True
     provider: SlurmHost
 
     def __init__(self, provider: SlurmHost, cluster: Cluster) -> None:
@@ -132,7 +133,7 @@ class SlurmBackend(JobBackend):
         files = render_job(request, self.root, opts.python, sbatch, self._runtime(request))
         job = request.spec.job
         assert job is not None
-        nproc = job.nproc_per_node or request.spec.resources.gpus_per_node or 1
+        nproc = job.nproc_per_node or job.gpus_per_node or request.spec.resources.gpus_per_node or 1
         info = {"run": job.run, "argv": job.argv, "nproc_per_node": nproc, "num_nodes": self.num_nodes,
                 "master": "first node of the allocation (scontrol show hostnames)",
                 "checkpoint_dir": job.checkpoint_dir, "workdir": request.workdir, "env_names": sorted(job.env),

@@ -80,7 +80,9 @@ def sbatch_lines(spec: ClusterSpec, opts: SlurmOptions, cluster: Cluster | None,
             if any(c.isspace() for c in value):
                 raise ConfigError(f"slurm.{flag}: {value!r} has white space", field=f"slurm.{flag}")
             lines.append(f"--{flag}={value}")
-    gpus = spec.resources.gpus_per_node if spec.resources.accelerators else 0
+    from gtrain.spec.queue import job_gpus
+
+    gpus = job_gpus(spec, spec.job)  # job.gpus_per_node: Slurm packs jobs on a node's GPUs itself
     if gpus:
         gpu = (spec.resources.gpu_name or "").lower()
         lines.append(f"--gres=gpu:{gpu}:{gpus}" if opts.gres_style == "gres" and gpu else f"--gpus-per-node={gpus}")
