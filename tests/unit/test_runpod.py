@@ -186,3 +186,28 @@ def test_the_plan_prices_from_the_catalog_and_refuses_what_is_not_built(gtrain_h
             assert e.value.field == field, (over, e.value.field)
     finally:
         store.close()
+
+
+def test_offline_the_plan_prices_from_the_bundled_list_marked_as_such(gtrain_home: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """No key (or no network): a dry run / any_of still prices RunPod, from the dated bundled list, and says so;
+    `up` itself still needs the live list."""
+    from gtrain.providers.runpod import api as rapi
+    from gtrain.providers.runpod.gpus import snapshot
+    from gtrain.state import StateStore
+
+    monkeypatch.delenv(rapi.ENV_KEY, raising=False)
+    monkeypatch.setenv("HOME", str(gtrain_home))  # no ~/.runpod/config.toml
+    types, date = snapshot()
+    assert len(types) >= 8 and date.startswith("20")
+    store = StateStore()
+    try:
+        p = RunPodProvider(store)
+        spec = parse_spec({"name": "r", "provider": "runpod", "resources": {"accelerators": "H100:8"}})
+        plan = p.plan(spec)
+        assert plan.instance_type == "NVIDIA H100 PCIe" and plan.price_per_hour == 19.12
+        assert any(n.startswith("OFFLINE") and date in n and "estimate" in n for n in plan.notes), plan.notes
+        with pytest.raises(rapi.NoAPIKey):
+            p._choose(spec, runpod_options(None))
+    finally:
+        store.close()

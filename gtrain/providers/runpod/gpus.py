@@ -5,13 +5,18 @@ the type a spec asks for: ``resources.accelerators: H100:1`` names a type by its
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from gtrain.errors import ConfigError
 
 CLOUDS = ("SECURE", "COMMUNITY")
+#: the list a plan reads with no API key or network (``gtrain up --dry-run`` offline, ``any_of``): dated, its
+#: prices list prices, marked as estimates where shown
+SNAPSHOT = Path(__file__).with_name("gpu_types.json")
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,12 @@ def parse(gpus: list[dict[str, Any]]) -> list[GpuType]:
                            community_price=_price(price.get("community"), g.get("community")),
                            max_secure=int(most.get("secure") or 0), max_community=int(most.get("community") or 0)))
     return sorted(out, key=lambda t: t.id)
+
+
+def snapshot() -> tuple[list[GpuType], str]:
+    """The bundled list and its date."""
+    doc = json.loads(SNAPSHOT.read_text())
+    return parse(doc["gpus"]), str(doc.get("_snapshot", "?"))
 
 
 def _norm(s: str) -> str:

@@ -31,7 +31,7 @@ from gtrain.providers.cloud.provider import CloudProvider
 from gtrain.providers.cloud.ssh_access import finish_down, wait_ssh, write_ssh_config
 from gtrain.providers.runpod import clusters as rc
 from gtrain.providers.runpod import gpus as rg
-from gtrain.providers.runpod.api import RunPodAPI
+from gtrain.providers.runpod.api import ENV_KEY, NoAPIKey, RunPodAPI, Unreachable
 from gtrain.providers.runpod.options import RunPodOptions, runpod_options
 from gtrain.providers.runpod.teardown import TAG_ENV, RunPodTeardown, owner_of_pod, pod_name
 
@@ -125,8 +125,17 @@ class RunPodProvider(CloudProvider):
                                   hint="e.g. US-TX-3, EU-RO-1, CA-MTL-1 (GET /v2/catalog/datacenters lists them)")
         return given
 
-    def _choose(self, spec: ClusterSpec, opts: RunPodOptions) -> tuple[rg.GpuType, int]:
-        return rg.choose(rg.parse(self.api.gpu_types()), spec.resources, opts.cloud)
+    def _choose(self, spec: ClusterSpec, opts: RunPodOptions, offline_ok: bool = False
+                ) -> tuple[rg.GpuType, int, str | None]:
+        """(type, GPUs per pod, the snapshot's date when the live list could not be had and ``offline_ok``)."""
+        try:
+            types, snap = rg.parse(self.api.gpu_types()), None
+        except (NoAPIKey, Unreachable):
+            if not offline_ok:
+                raise
+            types, snap = rg.snapshot()
+        t, count = rg.choose(types, spec.resources, opts.cloud)
+        return t, count, snap
 
     def plan(self, spec: ClusterSpec) -> Plan:
         opts = runpod_options(spec.section("runpod"))
@@ -149,11 +158,13 @@ class RunPodProvider(CloudProvider):
             raise ConfigError("resources.image_id: a RunPod pod runs a container image", field="resources.image_id",
                               hint="leave resources.image_id out; set runpod.image")
         dcs = self._data_centers(spec)
-        t, count = self._choose(spec, opts)
+        t, count, snap = self._choose(spec, opts, offline_ok=True)
         price = t.price(opts.cloud, count) or 0.0
         notes = [f"{count}x {t.id} ({t.name}, {t.memory_gb} GB) on RunPod's {opts.cloud} cloud, image {opts.image}",
                  f"${price:g}/h: RunPod's live list price (GET /v2/catalog/gpus); `up` freezes the cost RunPod "
-                 "reports for the pod itself; billed by the second",
+                 "reports for the pod itself; billed by the second" if snap is None else
+                 f"OFFLINE: no RunPod API key or network; ${price:g}/h from gtrain's bundled list of {snap} (an "
+                 f"estimate), capacity unknown (set {ENV_KEY} for the live list)",
                  f"data center: {', '.join(dcs) if dcs else 'any (RunPod picks)'}"
                  + (f"; on no capacity: the next ({', '.join(dcs[1:])})" if len(dcs) > 1 else "")]
         if spec.num_nodes > 1:
@@ -172,7 +183,7 @@ class RunPodProvider(CloudProvider):
     def provision(self, spec: ClusterSpec, cluster: Cluster, plan: Plan) -> None:
         opts = runpod_options(spec.section("runpod"))
         dcs = self._data_centers(spec)
-        t, count = self._choose(spec, opts)
+        t, count, _ = self._choose(spec, opts)
         if spec.num_nodes > 1:
             self._provision_group(spec, cluster, plan, opts, dcs, t, count)
             return
