@@ -170,3 +170,58 @@ def test_cli_ls_create_delete(tmp_path: Any) -> None:
     assert r.returncode == 0 and f"deleted volume vt-cli ({made['id']}" in r.stdout and not tagged("vt-cli")
     r = gtrain("delete", "vt-cli", "--region", REGION, "--yes")
     assert r.returncode == 2 and "no volume vt-cli" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_replaced_node_0_gets_the_volume_back_and_a_replaced_node_1_leaves_it() -> None:
+    """Recovery replaces nodes (`replace_nodes`): the volume follows node 0 to its new instance, and stays put when
+    another node is replaced."""
+    ctx = context()
+    vols = [{"name": "vt-moves", "size_gb": 10, "mount": "/data"}]
+    c = core.up(spec("vol-r", vols, nodes=2), ctx).cluster
+    assert c is not None
+    p = ctx.provider("aws")
+
+    def holder() -> tuple[str, str]:
+        [v] = tagged("vt-moves")
+        node0 = next(n for n in ctx.store.nodes(c.id) if n.rank == 0 and n.status != "terminated")
+        return [a["InstanceId"] for a in v["Attachments"] if a["State"] in ("attaching", "attached")][0], \
+            str(node0.instance_id)
+
+    try:
+        first, node0 = holder()
+        assert first == node0
+        p.replace_nodes(ctx.store.get_cluster_by_id(c.id), [1])
+        assert holder() == (first, node0)
+        p.replace_nodes(ctx.store.get_cluster_by_id(c.id), [0])
+        now, new0 = holder()
+        assert new0 != node0 and now == new0
+        recs = ctx.store.get_cluster_by_id(c.id).extra["volumes"]
+        assert [(r["name"], r["instance_id"]) for r in recs] == [("vt-moves", new0)]
+    finally:
+        core.down("vol-r", ctx)
+        vol_ops.delete(ctx, "aws", "vt-moves", [REGION])
+
+
+def test_start_after_stop_mounts_the_volume_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """EBS stays attached through stop/start, the mount does not survive the boot: `start` runs node 0's mount
+    again (here wait_ssh is false, so it says it could not; the mount script itself: test_volumes_mount.py)."""
+    from gtrain.runs import stopstart
+
+    ctx = context()
+    p = ctx.provider("aws")
+    mounted: list[tuple[list[str], bool]] = []
+    monkeypatch.setattr(p, "_mount", lambda cluster, vols, reachable: mounted.append(
+        ([v["name"] for v in vols], reachable)))
+    c = core.up(spec("vol-s", [{"name": "vt-boot", "size_gb": 10, "mount": "/data"}]), ctx).cluster
+    assert c is not None
+    try:
+        assert mounted == [(["vt-boot"], False)]
+        stopstart.stop("vol-s", ctx)
+        stopstart.start("vol-s", ctx)
+        assert mounted == [(["vt-boot"], False)] * 2
+        [v] = tagged("vt-boot")
+        node0 = next(n for n in ctx.store.nodes(c.id) if n.rank == 0)
+        assert [a["InstanceId"] for a in v["Attachments"]] == [node0.instance_id]
+    finally:
+        core.down("vol-s", ctx)
+        vol_ops.delete(ctx, "aws", "vt-boot", [REGION])

@@ -269,6 +269,9 @@ class AWSProvider(CloudProvider):
                       capacity_hint="add zones or regions (resources.zones / resources.regions), try on-demand, "
                                     "or fewer nodes; nothing was left running")
 
+    def remount_volumes(self, cluster: Cluster, reachable: bool) -> None:
+        self._mount(cluster, list(cluster.extra.get("volumes") or []), reachable)
+
     def _mount(self, cluster: Cluster, vols: list[dict[str, Any]], reachable: bool) -> None:
         from gtrain.providers.aws.volumes import mount_script
 

@@ -100,6 +100,10 @@ class CloudProvider(Provider):
         """The node's boot disk: (USD per GB-month, its label)."""
         raise NotImplementedError
 
+    def remount_volumes(self, cluster: Cluster, reachable: bool) -> None:
+        """Mount the volumes (``cluster.extra["volumes"]``) on node 0 again after it started: a provider whose
+        volumes attach to node 0 overrides it. Default: nothing to mount."""
+
     def stopped_since(self, cluster: Cluster, node: NodeRecord) -> float | None:
         """When the cloud says the (stopped) node stopped, as Unix time; None when it does not say."""
         return None
@@ -172,6 +176,8 @@ class CloudProvider(Provider):
             self.wait_reachable(cluster)
         # the idle watch ended with the machine: each started node gets its own again
         started = {n.rank for n in todo}
+        if 0 in started and cluster.extra.get("volumes"):  # a volume stays attached; its mount went with the boot
+            self.remount_volumes(self.store.get_cluster_by_id(cluster.id), reachable=opts.wait_ssh)
         pairs = [(n.rank, r) for n, r in zip(self.store.node_records(cluster.id), self.runners(cluster), strict=True)
                  if n.rank in started]
         idle_watch(spec, opts, [r for _, r in pairs], self.report, self.max_workers, cluster=cluster,
