@@ -22,15 +22,21 @@ REGISTRY: dict[str, str] = {
     "azure": "gtrain.providers.azure:AzureProvider",
     "ray": "gtrain.providers.ray:RayProvider",
     "runpod": "gtrain.providers.runpod:RunPodProvider",
+    "vast": "gtrain.providers.vast:VastProvider",
+    "nebius": "gtrain.providers.nebius:NebiusProvider",
 }
 
 #: the providers that keep volumes (a spec's ``volumes:``; docs/volumes.md) and their types, the default first: the
 #: spec checks a type without reaching the providers' code; a provider not named here refuses ``volumes:``
 VOLUME_TYPES: dict[str, tuple[str, ...]] = {
     "aws": ("gp3", "gp2", "io1", "io2", "st1", "sc1"),
+    "gcp": ("pd-balanced", "pd-ssd", "pd-standard"),
+    "azure": ("Premium_LRS", "StandardSSD_LRS", "Standard_LRS"),
     "local": ("path",),
     "ssh": ("path",),
     "slurm": ("path",),
+    "kubernetes": ("pvc",),
+    "lambda": ("filesystem",),
 }
 
 #: names a spec may give that no registered provider serves yet, with what to say
@@ -174,6 +180,8 @@ CHECKS: dict[str, str] = {
     "kubernetes": "gtrain.providers.kubernetes.check:check",
     "ray": "gtrain.providers.ray.check:check",
     "runpod": "gtrain.providers.runpod.check:check",
+    "vast": "gtrain.providers.vast.check:check",
+    "nebius": "gtrain.providers.nebius.check:check",
 }
 
 

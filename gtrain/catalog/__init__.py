@@ -14,7 +14,7 @@ GPU names are matched exactly, case-insensitively: ``A100`` is the 40 GB part an
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gtrain.errors import ConfigError
 
@@ -50,6 +50,10 @@ class Offer:
 
     def price(self, spot: bool) -> float:
         return self.price_spot if spot else self.price_ondemand
+
+    def with_price(self, spot: bool, usd_per_hour: float) -> Offer:
+        """This offer at another $/h in one market: the live price ``up`` froze (gtrain.providers.cloud.billing)."""
+        return replace(self, price_spot=usd_per_hour) if spot else replace(self, price_ondemand=usd_per_hour)
 
     @property
     def accelerators(self) -> str:

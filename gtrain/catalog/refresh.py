@@ -346,10 +346,12 @@ def _gcp_skus(base: str, auth: dict[str, str], timeout: float,
               service: str = GCP_COMPUTE_SERVICE) -> Iterator[dict[str, Any]]:
     from urllib.parse import urlencode
 
-    headers = {k: v for k, v in auth.items() if k != "key"}
+    # an API key goes in Google's X-Goog-Api-Key header, never the URL (a URL reaches logs and proxies):
+    # https://cloud.google.com/docs/authentication/api-keys-use#using-with-rest
+    headers = {("X-Goog-Api-Key" if k == "key" else k): v for k, v in auth.items()}
     token = ""
     for _ in range(MAX_PAGES):
-        params = {"currencyCode": "USD", "pageSize": "5000", **({"key": auth["key"]} if "key" in auth else {})}
+        params = {"currencyCode": "USD", "pageSize": "5000"}
         if token:
             params["pageToken"] = token
         page = _get_json(f"{base}/v1/services/{service}/skus?{urlencode(params)}", timeout, headers,
@@ -396,21 +398,39 @@ def _gcp_rates(skus: Iterable[dict[str, Any]]) -> dict[tuple[str, str, str, str]
     return rates
 
 
+def gcp_compute_rates(timeout: float = 20.0) -> dict[tuple[str, str, str, str], float]:
+    """The Compute Engine rates of the live Cloud Billing Catalog (:func:`_gcp_rates`), for the $/h ``up``
+    freezes (gtrain/providers/gcp/pricing.py): the same URL, credentials and parsing as the refresh.
+    :class:`~gtrain.errors.ConfigError` without credentials, :class:`~gtrain.errors.ProviderError` when the
+    API does not answer."""
+    return _gcp_rates(_gcp_skus(_base_url("gcp"), _gcp_auth(), timeout))
+
+
+def gcp_machine_price(rates: dict[tuple[str, str, str, str], float], instance_type: str, vcpus: float,
+                      memory_gib: float, accelerator_type: str | None, gpu_count: int, region: str,
+                      market: str) -> float | None:
+    """vCPUs x "<family> Instance Core" + GiB x "<family> Instance Ram" + GPUs x "<GPU> GPU" in ``region`` for
+    ``market`` ("OnDemand" / "Preemptible"); None when a part has no SKU there."""
+    fam = instance_type.split("-")[0].lower()
+    parts = [(("core", fam), float(vcpus)), (("ram", fam), float(memory_gib))]
+    if accelerator_type and gpu_count:
+        parts.append((("gpu", accelerator_type), float(gpu_count)))
+    total = 0.0
+    for (kind, name), qty in parts:
+        rate = rates.get((kind, name, market, region))
+        if rate is None:
+            return None
+        total += rate * qty
+    return total
+
+
 def _refresh_gcp(skus: _Skus, day: str) -> tuple[RefreshResult, str]:
     fields, rows = _shipped("gcp")
     rates = _gcp_rates(skus())
 
     def machine(r: dict[str, str], market: str) -> float | None:
-        fam, region = r["instance_type"].split("-")[0].lower(), r["region"]
-        parts = [(("core", fam), float(r["vcpus"])), (("ram", fam), float(r["memory_gib"])),
-                 (("gpu", r["accelerator_type"]), float(r["gpu_count"]))]
-        total = 0.0
-        for (kind, name), qty in parts:
-            rate = rates.get((kind, name, market, region))
-            if rate is None:
-                return None
-            total += rate * qty
-        return total
+        return gcp_machine_price(rates, r["instance_type"], float(r["vcpus"]), float(r["memory_gib"]),
+                                 r["accelerator_type"], int(float(r["gpu_count"])), r["region"], market)
 
     kept: list[str] = []
     spot_est = 0

@@ -8,7 +8,8 @@ from __future__ import annotations
 PROG = "gtrain"
 
 ROOT_HELP = ("Run PyTorch training on GPU machines gtrain rents, and leave nothing running that nobody watches. "
-             "Providers: local, ssh, aws, gcp, lambda, azure, slurm, kubernetes, ray, runpod (and plug-ins).")
+             "Providers: local, ssh, aws, gcp, lambda, azure, slurm, kubernetes, ray, runpod, vast, nebius "
+             "(and plug-ins).")
 
 #: (name, module under gtrain.cli, help), in the order `gtrain --help` lists them
 COMMANDS: tuple[tuple[str, str, str], ...] = (

@@ -286,6 +286,8 @@ def cost_table(report: Any) -> None:
         say(f"node(s) {rebuilt}: intervals reconstructed by `gtrain attach` from the nodes' launch times")
     note = "  (* estimate)" if report.estimate else ""
     say(f"total: {fmt_usd(report.total_usd)} for {report.node_hours:.4f} node-hours{note}")
+    if getattr(report, "price_source", None):
+        say(f"$/h frozen at up: {report.price_source}")
     for v in getattr(report, "volumes", None) or []:  # kept by down: billed until `gtrain volume delete`
         say(f"volume {v['name']}: {v['size_gb']} GB at ${v['usd_per_gb_month']:g}/GB-month = "
             f"{fmt_usd(v['usd_per_month'])}/month standing charge, until `gtrain volume delete {v['name']}`")

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import typer
 
@@ -32,7 +34,7 @@ def volume(
 ) -> None:
     """Volumes that outlive clusters: gtrain volume ls | create -f SPEC NAME | delete NAME (docs/volumes.md)."""
     out.set_json(json_)
-    from gtrain.errors import ConfigError
+    from gtrain.errors import ConfigError, CredentialsError
 
     if action not in ACTIONS:
         raise ConfigError(f"ACTION {action!r}: one of {', '.join(ACTIONS)}", field="ACTION",
@@ -64,12 +66,25 @@ def volume(
             if json_:
                 out.emit_json({"volume": info.to_dict()})
             else:
-                out.say(f"volume {info.name}: {info.id} in {info.zone}, {info.size_gb} GB {info.type}, {info.state}; "
+                out.say(f"volume {info.name}: {info.id} in {info.zone or info.region}, {info.size_gb} GB {info.type}, "
+                        f"{info.state}; "
                         f"{out.fmt_usd(info.usd_per_month)}/month until `gtrain volume delete {info.name}`")
             return
         providers = [provider] if provider else ops.keepers()
+
+        def each(call: Callable[[str], Any]) -> Iterator[Any]:
+            """``call`` of every provider; without --provider, one this machine has no access to (no credentials,
+            no subscription or project) is skipped with a warning instead of failing the others."""
+            for p in providers:
+                try:
+                    yield call(p)
+                except (CredentialsError, ConfigError) as e:
+                    if provider or not (isinstance(e, CredentialsError) or (e.field or "").startswith(f"{p}.")):
+                        raise
+                    ctx.report.warn(f"{p}: volumes not looked at: {e.message}")
+
         if action == "ls":
-            infos = [i for p in providers for i in ops.ls(ctx, p, regions, **options)]
+            infos = [i for got in each(lambda p: ops.ls(ctx, p, regions, **options)) for i in got]
             if json_:
                 out.emit_json({"volumes": [i.to_dict() for i in infos],
                                "usd_per_month": round(sum(i.usd_per_month for i in infos), 4)})
@@ -83,7 +98,7 @@ def volume(
                 out.say(f"standing charge: {out.fmt_usd(sum(i.usd_per_month for i in infos))}/month")
             return
         confirm(f"Delete volume {name} and all the data on it?", yes)
-        gone = next((g for p in providers if (g := ops.delete(ctx, p, str(name), regions, **options)) is not None),
+        gone = next((g for g in each(lambda p: ops.delete(ctx, p, str(name), regions, **options)) if g is not None),
                     None)
     finally:
         ctx.store.close()
@@ -93,4 +108,4 @@ def volume(
     if json_:
         out.emit_json({"deleted": gone.to_dict()})
     else:
-        out.say(f"deleted volume {gone.name} ({gone.id}, {gone.zone})")
+        out.say(f"deleted volume {gone.name} ({gone.id}, {gone.zone or gone.region})")

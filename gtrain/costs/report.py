@@ -1,5 +1,7 @@
 """Cost reports: per node interval, from the $/h stored with the cluster when it started (never today's
-catalog), through the provider's own billing rules (``Provider.price``)."""
+catalog), through the provider's own billing rules (``Provider.price``); with where that $/h came from
+(``price_source``: ``live (...)`` from the provider's API at launch, or ``estimate (catalog 2025-12)``;
+docs/costs.md)."""
 
 from __future__ import annotations
 
@@ -49,6 +51,9 @@ class CostReport:
     #: the spec's volumes (docs/volumes.md) as the provider attached them, each with its $/GB-month: ``down``
     #: leaves them, a standing charge outside the node lines and ``total_usd`` (:func:`volume_charges`)
     volumes: list[dict[str, Any]] = field(default_factory=list)
+    #: where the $/h frozen at ``up`` came from (gtrain.providers.cloud.billing.FrozenPrice.label); None in
+    #: records made before gtrain recorded it
+    price_source: str | None = None
 
     @property
     def standing_usd_per_month(self) -> float:
@@ -83,6 +88,7 @@ class CostReport:
             "placement": {k: v for k, v in self.placement.items() if k != "spec"} if self.placement else None,
             "energy": self.energy, "by": self.by, "launched_by": self.launched_by, "world_sizes": self.world_sizes,
             "volumes": self.volumes, "standing_usd_per_month": self.standing_usd_per_month,
+            "price_source": self.price_source,
         }
 
 
@@ -110,6 +116,7 @@ def cluster_cost(store: StateStore, cluster: Cluster, provider: Provider, *, per
             price_per_hour=iv.price_per_hour, cost_usd=round(cost, 6), estimate=estimate, note=note,
         ))
     report.placement = cluster.extra.get("any_of")
+    report.price_source = str(cluster.extra["price_source"]) if cluster.extra.get("price_source") else None
     report.volumes = volume_charges(cluster)
     report.by = str(cluster.extra["by"]) if cluster.extra.get("by") else None
     report.launched_by = list(dict.fromkeys(str(j.info["by"]) for j in store.jobs(cluster.id)

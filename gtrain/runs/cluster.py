@@ -341,6 +341,7 @@ def status(ctx: Context, name: str | None = None, *, refresh: bool = True) -> li
             "status": "stopped" if live and all(s.status == "stopped" for s in live.values()) else c.status,
             "instance_type": c.instance_type, "market": c.market, "region": c.region,
             "price_per_hour": round(c.price_per_hour * c.num_nodes, 4), "created_at": c.created_at,
+            "price_source": c.extra.get("price_source"),  # live (...) / estimate (catalog ...): docs/catalog.md
             "uptime_hours": round((now - c.created_at) / 3600, 4),
             "nodes": [{"rank": n.rank, "address": n.address, "zone": n.zone,
                        "status": live[n.rank].status if n.rank in live else n.status,

@@ -1,17 +1,21 @@
 """``gtrain volume ls / create / delete`` (docs/volumes.md), written against what a provider that keeps volumes of
 its own offers (:class:`VolumeKeeper`: aws's EBS volumes, found by tag); ``up`` and ``down`` attach and leave them
-inside the provider. A ``type: path`` volume (local, ssh, slurm) is a host folder: nothing here to list or make."""
+inside the provider. A ``type: path`` volume (local, ssh, slurm) is a host folder: nothing here to list or make.
+``gtrain gc`` lists (and with ``--delete`` deletes) the volumes no live cluster holds: :func:`sweep`, for every
+provider that is a :class:`VolumeKeeper`."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from gtrain.errors import ConfigError
+from gtrain.errors import ConfigError, GtrainError
 
 if TYPE_CHECKING:
     from gtrain.context import Context
     from gtrain.spec import ClusterSpec
     from gtrain.spec.volumes import VolumeInfo
+    from gtrain.state import Cluster
 
 
 @runtime_checkable
@@ -66,3 +70,46 @@ def delete(ctx: Context, provider: str, name: str, regions: list[str] | None = N
            **options: str | None) -> VolumeInfo | None:
     """Delete volume ``name`` (found by tag); refused while a node holds it. None: there was none."""
     return keeper(ctx, provider).volume_delete(name, regions, **options)
+
+
+@dataclass
+class VolumeSweep:
+    """``gtrain gc``'s volumes: those gtrain tagged that no live cluster holds, with their standing charge."""
+
+    orphans: list[VolumeInfo] = field(default_factory=list)
+    deleted: list[VolumeInfo] = field(default_factory=list)
+    left: list[str] = field(default_factory=list)  # "NAME: why" of each one a delete did not take
+
+    @property
+    def usd_per_month(self) -> float:
+        return round(sum(v.usd_per_month for v in self.orphans), 4)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"orphans": [v.to_dict() for v in self.orphans], "usd_per_month": self.usd_per_month,
+                "deleted": [v.name for v in self.deleted], "left": self.left}
+
+
+def sweep(k: VolumeKeeper, live: list[Cluster], regions: list[str] | None, delete: bool,
+          **options: str | None) -> VolumeSweep:
+    """The volumes ``k`` finds by tag (so with no local state too) that no cluster of ``live`` holds: none
+    attached to it or recorded by it (``extra["volumes"]``); deleted with ``delete`` (each refused one, still
+    held by a node gtrain's state does not know, is left and said)."""
+    names = {c.name for c in live}
+    ids = {str(r.get("id")) for c in live for r in c.extra.get("volumes") or [] if isinstance(r, dict)}
+    out = VolumeSweep()
+    for v in k.volume_list(regions, **options):
+        holders = {h.strip() for h in (v.attached_to or "").split(",") if h.strip()}
+        if holders & names or str(v.id) in ids:
+            continue
+        out.orphans.append(v)
+    if not delete:
+        return out
+    for v in out.orphans:
+        try:
+            gone = k.volume_delete(v.name, [v.region] if v.region else regions, **options)
+        except GtrainError as e:
+            out.left.append(f"{v.name}: {e.message}")
+            continue
+        if gone is not None:
+            out.deleted.append(gone)
+    return out

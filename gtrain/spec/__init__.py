@@ -296,7 +296,8 @@ class ClusterSpec(_Model):
     name: str = Field(..., description="the cluster's name: 1-40 of `a-z`, `0-9`, `-`; starts with a letter, "
                       "does not end with `-`; `--name` overrides it")
     provider: str = Field("local", description="a registered provider (`gtrain/registry.py`: `local`, `ssh`, `aws`, "
-                          "`gcp`, `azure`, `lambda`, `slurm`, `kubernetes`, `ray`, `runpod`), or a plug-in's")
+                          "`gcp`, `azure`, `lambda`, `slurm`, `kubernetes`, `ray`, `runpod`, `vast`, `nebius`), or a "
+                          "plug-in's")
     num_nodes: Int = Field(1, ge=1, le=MAX_NODES, description="nodes of the cluster (local: at most 16); "
                            "`{min: 2, max: 8}`: an elastic run (torchrun; see docs/durable.md, \"Elastic runs\")")
     min_nodes: Int | None = Field(None, ge=1, le=MAX_NODES, exclude=True)  # num_nodes.min (gtrain.spec.elastic)

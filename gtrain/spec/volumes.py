@@ -65,12 +65,15 @@ class Volume(BaseModel):
     name: str = Field(..., description="the volume's name, found by it next time (aws: tag `gtrain-volume=NAME`): "
                       "1-40 of `a-z`, `0-9`, `-`, starting with a letter")
     size_gb: Annotated[int | None, BeforeValidator(_not_bool)] = Field(
-        None, ge=1, le=65536, description="size in GB (aws: required; an existing volume is never shrunk: "
-        "a smaller size is refused); `type: path` ignores it")
+        None, ge=1, le=65536, description="size in GB (aws, gcp, azure: required; an existing volume is never "
+        "shrunk: a smaller size is refused; gcp and azure grow it to a larger one); `type: path` ignores it")
     mount: str = Field(..., description="absolute folder on the node; not a system folder, a home folder or "
                        "gtrain's own (`~/gtrain/...`)")
     type: str | None = Field(None, description="the provider's kind: aws `gp3` (default), `gp2`, `io1`, `io2`, "
-                             "`st1`, `sc1`; local, ssh, slurm: `path` (default: a folder that must exist on each node)")
+                             "`st1`, `sc1`; local, ssh, slurm: `path` (default: a folder that must exist on each "
+                             "node); kubernetes: `pvc` (a PersistentVolumeClaim); lambda: `filesystem` (a persistent "
+                             "file system); gcp: `pd-balanced` (default), `pd-ssd`, `pd-standard`; azure: "
+                             "`Premium_LRS` (default), `StandardSSD_LRS`, `Standard_LRS`")
     path: str | None = Field(None, description="`type: path`: the host folder (default: `mount` itself); `mount` "
                              "becomes a link to it on each node")
     read_only: bool = Field(False, description="mount read-only (aws: `mount -o ro`)")

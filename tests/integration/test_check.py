@@ -25,7 +25,8 @@ from tests.services import free_port, stop, wait_http
 #: every variable a provider's check reads credentials or an address from
 PROVIDER_ENV = ("AWS_", "LAMBDA_", "GOOGLE_", "CLOUDSDK_", "GCLOUD_", "AZURE_", "GTRAIN_AZURE_", "KUBECONFIG",
                 "KUBERNETES_", "RAY_ADDRESS", "SLURM_CONF", "SSH_AUTH_SOCK", "GTRAIN_SSH_KEY", "IDENTITY_ENDPOINT",
-                "MSI_ENDPOINT", "GTRAIN_KUBE_NAMESPACE", "RUNPOD_", "GTRAIN_RUNPOD_")
+                "MSI_ENDPOINT", "GTRAIN_KUBE_NAMESPACE", "RUNPOD_", "GTRAIN_RUNPOD_", "VAST_",
+                "GTRAIN_VAST_")
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -239,10 +240,10 @@ def test_cli_aws_and_lambda_only(moto_server: str, fake_lambda: object, tmp_path
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     assert any(ln.startswith("✔ aws ") for ln in lines) and any(ln.startswith("✔ lambda ") for ln in lines)
-    for name in ("gcp", "azure", "kubernetes", "ray", "slurm", "ssh"):
+    for name in ("gcp", "azure", "kubernetes", "ray", "slurm", "ssh", "vast", "nebius"):
         i = next(i for i, ln in enumerate(lines) if ln.startswith(f"✘ {name} "))
         assert lines[i + 1].strip().startswith("fix: "), lines[i:i + 2]
-    assert lines[-1].startswith("3 of 10 usable")
+    assert lines[-1].startswith(f"3 of {len(by)} usable")  # every registered provider checked
 
 
 def test_cli_exit_1_when_nothing_usable_and_2_for_an_unknown_name(tmp_path: Path) -> None:

@@ -44,7 +44,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(404, b"<Error><Code>NoSuchKey</Code></Error>", "application/xml")
         if url.path in ("/v1/services/6F81-5844-456A/skus", "/v1/services/E000-3F24-B8AA/skus"):
             q = parse_qs(url.query)
-            if q.get("key") != [API_KEY] and self.headers.get("Authorization") != "Bearer tok":
+            if self.headers.get("X-Goog-Api-Key") != API_KEY and self.headers.get("Authorization") != "Bearer tok":
                 err = {"error": {"code": 400, "message": "API key not valid. Please pass a valid API key.",
                                  "status": "INVALID_ARGUMENT"}}
                 return self._send(400, json.dumps(err).encode(), "application/json")
@@ -166,6 +166,7 @@ def test_refresh_reprices_known_rows_and_dates_the_user_copy(env: str, gtrain_ho
     assert f"catalog snapshot {day}" in both.stdout  # both refreshed: one date
     assert any("region_index.json" in h for h in _Handler.hits)
     assert any("pageToken=" in h for h in _Handler.hits)  # paged
+    assert not [h for h in _Handler.hits if "key=" in h]  # the API key went in a header, never the URL
 
 
 def test_refresh_one_provider_leaves_the_other_shipped(env: str, gtrain_home: Path) -> None:

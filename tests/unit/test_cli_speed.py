@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 HEAVY = ("typer", "click", "rich", "pydantic", "jinja2", "paramiko", "boto3", "botocore", "google", "azure", "torch",
-         "obstore")
+         "obstore", "nebius", "grpc")
 
 
 def imported(*args: str, env: dict[str, str] | None = None) -> set[str]:

@@ -38,7 +38,7 @@ def spec(vols: Any, provider: str = "local", **extra: Any) -> Any:
     ([{"name": "d", "mount": "/d/x"}, {"name": "e", "mount": "/d"}], "local", "volumes[1].mount", "lies inside"),
     ([{"name": "d", "mount": "/d", "type": "gp3"}], "local", "volumes[0].type", "not a volume type of local"),
     ([{"name": "d", "mount": "/d", "type": "gp9", "size_gb": 5}], "aws", "volumes[0].type", "not a volume type"),
-    ([{"name": "d", "mount": "/d", "size_gb": 5}], "gcp", "volumes", "keeps no volumes in gtrain yet"),
+    ([{"name": "d", "mount": "/d", "size_gb": 5}], "ray", "volumes", "keeps no volumes in gtrain yet"),
     ([{"name": "d", "mount": "/d", "path": "/x", "size_gb": 5}], "aws", "volumes[0].path", "only a `type: path`"),
     ([{"name": "d", "mount": "/d", "read_only": True}], "ssh", "volumes[0].read_only", "cannot make it read-only"),
     ([{"name": "d", "mount": "/d", "sz": 1}], "local", "volumes[0].sz", "unknown field"),

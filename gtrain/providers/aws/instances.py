@@ -127,6 +127,15 @@ class AWSInstances:
             life = node_lifetime_s(spec.policies, spec.num_nodes, cluster.price_per_hour or None, cluster)
             if life is not None:  # the node ends itself: shutdown from inside = terminate (set above)
                 params["UserData"] = shutdown_user_data(life)
+                if spec.resources.use_spot and spec.policies.max_cost_usd:
+                    from gtrain.providers.aws.pricing import budget_watch_user_data, node_budget_usd
+
+                    # the node re-prices its spot $/h and stops before its share of max_cost_usd is spent
+                    budget = node_budget_usd(spec.policies, spec.num_nodes, cluster.price_per_hour, cluster)
+                    if budget is not None:
+                        params["UserData"] += budget_watch_user_data(
+                            budget, cluster.price_per_hour, str(cluster.extra.get("price_source") or "frozen at up"),
+                            reg.name, zone, itype)
             if spec.resources.use_spot:
                 params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
                     "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}

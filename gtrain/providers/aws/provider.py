@@ -24,6 +24,7 @@ from gtrain.providers.aws.pricing import EBS_GP3_BY_REGION, EBS_GP3_USD_PER_GB_M
 from gtrain.providers.aws.teardown import AWSTeardown
 from gtrain.providers.aws.volumes import AWSVolumes
 from gtrain.providers.base import GCResult, IntervalCost, NodeStatus, Plan
+from gtrain.providers.cloud.billing import freeze_price
 from gtrain.providers.cloud.failover import Attempts
 from gtrain.providers.cloud.idle import idle_watch
 from gtrain.providers.cloud.keys import drop_key
@@ -130,8 +131,9 @@ class AWSProvider(CloudProvider):
         notes = [f"{offer.vcpus} vCPUs, {offer.memory_gib:g} GiB, {offer.gpu_count}x {offer.gpu_name} "
                  f"{offer.gpu_memory_gib:g} GB" + (", EFA" if self._efa(opts, price_offer.efa) else "")]
         if res.use_spot:
-            notes.append(f"spot $/h is the catalog's estimate (on-demand {price_offer.price_ondemand:g} $/h); the "
-                         "cost report reads the spot price history over each node's running time")
+            notes.append(f"spot $/h here is the catalog's estimate (on-demand {price_offer.price_ondemand:g} $/h); "
+                         "`up` freezes the zone's live spot price, and the cost report reads the spot price history "
+                         "over each node's running time")
         notes.append(f"prices from the gtrain catalog, snapshot {snapshot_date('aws')} "
                      "(`gtrain catalog --refresh` updates them)")
         notes.append(f"plus EBS gp3 {res.disk_gb} GB per node at ${ebs_rate(regions[0]):g}/GB-month")
@@ -240,6 +242,11 @@ class AWSProvider(CloudProvider):
                 continue
             for zone in zones:
                 made: list[str] = []
+                # the $/h up freezes: live for spot (this zone's price now), before the nodes' lifetime is set
+                frozen = self.pricing.at_launch(cluster, t.region, zone, itype, spec.resources.use_spot, od_price,
+                                                offer[0].price_spot, opts.profile)
+                freeze_price(self.store, cluster, plan, frozen, self.report)
+                spot_price = frozen.usd_per_hour if spec.resources.use_spot else spot_price
                 try:
                     nodes = self.instances.launch_zone(spec, cluster, opts, reg, zone, itype, efa, existing, made,
                                                        in_group=home in (None, zone))

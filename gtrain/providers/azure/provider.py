@@ -23,8 +23,9 @@ from gtrain.events import SILENT, Reporter
 from gtrain.providers.azure import api
 from gtrain.providers.azure.options import AzureOptions, azure_options
 from gtrain.providers.azure.resources import AzureResources, NodeBody, power_state
+from gtrain.providers.azure.volumes import DISK_USD_PER_GB_MONTH, AzureVolumes
 from gtrain.providers.base import GCResult, IntervalCost, NodeStatus, Plan, partial_start
-from gtrain.providers.cloud.billing import cloud_interval_cost
+from gtrain.providers.cloud.billing import cloud_interval_cost, freeze_price
 from gtrain.providers.cloud.failover import Attempts
 from gtrain.providers.cloud.idle import idle_watch
 from gtrain.providers.cloud.keys import check_team_key, drop_key, ensure_key, key_path, owner
@@ -34,12 +35,12 @@ from gtrain.providers.cloud.ssh_access import finish_down, resolve_ssh_cidr, ssh
 if TYPE_CHECKING:
     from gtrain.catalog import Offer
     from gtrain.spec import ClusterSpec
+    from gtrain.spec.volumes import VolumeInfo
     from gtrain.state import Cluster, CostInterval, StateStore
     from gtrain.state.nodes import NodeRecord
     from gtrain.state.sshtarget import SSHTarget
 
-#: managed OS disk, USD per GB-month (list prices, 2025: Premium SSD P10 128 GB $19.71 ~ 0.15/GB)
-DISK_USD_PER_GB_MONTH = {"Premium_LRS": 0.15, "StandardSSD_LRS": 0.075, "Standard_LRS": 0.045}
+__all__ = ["DISK_USD_PER_GB_MONTH", "AzureProvider"]  # managed disks' $/GB-month: .volumes (the OS disk's too)
 
 
 class AzureProvider(CloudProvider):
@@ -71,6 +72,10 @@ class AzureProvider(CloudProvider):
 
     def _opts(self, cluster: Cluster) -> AzureOptions:
         return azure_options(cluster.spec.get("azure"))
+
+    def volumes(self, opts: AzureOptions) -> AzureVolumes:
+        """The spec's managed disks (gtrain/providers/azure/volumes.py), in the subscription of ``opts``."""
+        return AzureVolumes(self.arm(opts.subscription), self.ledger, self.report)
 
     # ---- plan ----
 
@@ -123,6 +128,11 @@ class AzureProvider(CloudProvider):
             notes.append("policies.max_hours / max_cost_usd are not enforced by azure nodes (a VM shut down from "
                          "inside stays allocated and billed): `gtrain down` ends the cluster")
         notes += ssh_notes(opts.ssh_cidr, opts.ssh_proxy_command, "azure")
+        if spec.volumes:  # managed disks: the first region (gtrain/providers/azure/volumes.py)
+            from gtrain.providers.azure.volumes import check_sizes, plan_notes
+
+            check_sizes(spec)
+            notes += plan_notes(spec, regions[0])
         return Plan("azure", spec.num_nodes, first.instance_type, "spot" if res.use_spot else "on-demand",
                     region=regions[0], gpu_name=first.gpu_name, gpus_per_node=first.gpu_count,
                     price_per_hour=first.price(res.use_spot), max_hours=spec.policies.max_hours, notes=notes)
@@ -145,6 +155,9 @@ class AzureProvider(CloudProvider):
         if there is not None:  # a resumed `up`: the group pins the region
             regions = [str(there["location"])]
             self.report.info(f"found resource group {group} in {regions[0]}")
+        if spec.volumes:  # before anything is made: refused (exit 2) where the disks cannot be attached
+            regions = regions[:1]
+            self.volumes(opts).prepare(spec, cluster, regions[0])
         attempts = Attempts()
         for region in regions:
             regional = lookup("azure", offer.instance_type, region)
@@ -152,6 +165,14 @@ class AzureProvider(CloudProvider):
                 attempts.add(region, f"{offer.instance_type} not in the catalog here")
                 continue
             made: list[str] = []
+            # the $/h up freezes: the Retail Prices API's for this size here now, else the catalog's (an estimate)
+            from gtrain.providers.azure.pricing import at_launch
+
+            use_spot = spec.resources.use_spot
+            frozen = at_launch(offer.instance_type, region, use_spot, regional[0].price(use_spot),
+                               snapshot_date("azure"))
+            freeze_price(self.store, cluster, plan, frozen, self.report)
+            regional = [regional[0].with_price(use_spot, frozen.usd_per_hour)]
             try:
                 nodes = self._make(spec, cluster, opts, parts, group, region, pub, ssh_cidr, made)
             except (CapacityError, QuotaError) as e:
@@ -170,11 +191,14 @@ class AzureProvider(CloudProvider):
                     drop_key(cluster.id)
                 raise
             self._record(spec, cluster, plan, opts, group, region, nodes, regional[0])
+            vols = self.volumes(opts).attach(spec, cluster, region, group, api.vm_name(cluster.id, min(nodes))) \
+                if spec.volumes else []
             if opts.wait_ssh:
                 wait_ssh(cluster, self.ledger, self.report, host_keys=lambda node: [], host_key_wait_s=0,
                          ssh_timeout_s=opts.ssh_timeout_s, poll_s=opts.poll_s, max_workers=self.max_workers,
                          key_source="Azure", hint="check azure.ssh_cidr / azure.ssh_proxy_command; "
                                                   "`gtrain down` removes them")
+            self.volumes(opts).mount(lambda: self.runners(cluster), vols, opts.wait_ssh)
             idle_watch(spec, opts, self.runners(cluster), self.report, self.max_workers, cluster=cluster,
                            limits=self.nodes_enforce_limits)
             return
@@ -325,6 +349,8 @@ class AzureProvider(CloudProvider):
         left = [f"resource group {g['name']}" for g in parts.tagged_groups(cluster.id)]
         left += [f"resource group {g}" for g in groups if parts.group(g) is not None and f"resource group {g}"
                  not in left]
+        if cluster.spec.get("volumes"):  # detached by the VMs' delete, kept: each said with its charge
+            self.volumes(opts).release(cluster)
         finish_down(self.ledger, self.report, cluster, left, f"tagged {api.TAG_CLUSTER}={cluster.id}",
                     "gtrain gc --provider azure --yes")
 
@@ -340,13 +366,30 @@ class AzureProvider(CloudProvider):
         node = next((n for n in self.store.node_records(cluster.id) if n.rank == interval.node_rank), None)
         meta: dict[str, Any] = node.extra if node is not None else {}
         rate = float(meta.get("price_spot_catalog") or interval.price_per_hour)
-        spot = (rate, True, f"Spot: the Retail Prices API's Spot list price ${rate:g}/h (Azure bills the "
-                            "current Spot price, at most on-demand)")
+        live = bool(cluster.extra.get("price_live"))  # frozen at up from the Retail Prices API (azure/pricing.py)
+        spot = (rate, not live, f"Spot: the Retail Prices API's Spot list price ${rate:g}/h "
+                                f"{cluster.extra.get('price_source') or ''} (Azure bills the current Spot price, at "
+                                "most on-demand)")
         disk_type = str(meta.get("disk_type") or "Premium_LRS")
         return cloud_interval_cost(interval, minimum_s=self.billing_minimum_s, spot=spot,
                                    disk_gb=float(meta.get("disk_gb") or 0),
                                    disk_usd_per_gb_month=DISK_USD_PER_GB_MONTH.get(disk_type, 0.15),
-                                   disk_label=f"OS disk {disk_type}")
+                                   disk_label=f"OS disk {disk_type}", frozen=cluster.extra)
+
+    # ---- volumes (gtrain volume: gtrain/runs/volumes.py) ----
+
+    def volume_list(self, regions: list[str] | None, **options: str | None) -> list[VolumeInfo]:
+        sub = options.get("subscription")
+        return self.volumes(azure_options({"subscription": sub} if sub else {})).list_all(regions)
+
+    def volume_create(self, spec: ClusterSpec, name: str) -> VolumeInfo:
+        vol = next(v for v in spec.volumes or [] if v.name == name)
+        plan = self.plan(spec)
+        return self.volumes(azure_options(spec.section("azure"))).create(spec, vol, plan.region or "eastus")
+
+    def volume_delete(self, name: str, regions: list[str] | None, **options: str | None) -> VolumeInfo | None:
+        sub = options.get("subscription")
+        return self.volumes(azure_options({"subscription": sub} if sub else {})).delete(name, regions)
 
     # ---- gc ----
 

@@ -1,5 +1,5 @@
-"""One JSON-over-HTTPS client for the clouds gtrain reaches through a REST API and no SDK (Lambda, RunPod, Vast,
-Nebius's REST gateway): stdlib ``urllib`` only, so ``--help`` and ``status`` load nothing of it.
+"""One JSON-over-HTTPS client for the clouds gtrain reaches through a REST API and no SDK (Lambda, RunPod, Vast;
+Nebius speaks gRPC through its SDK instead): stdlib ``urllib`` only, so ``--help`` and ``status`` load nothing of it.
 
 What every such API needs, written once: the key in a header (never in a URL, a log or an error), a JSON body,
 the 429 answer retried after its ``Retry-After`` (else an exponential backoff), 5xx retried a few times, an

@@ -79,6 +79,7 @@ class GCEClients:
     machine_types: Any = None  # None: zones come from the built-in table
     accelerator_types: Any = None
     regions: Any = None  # None: no quota pre-check (resources.any_of)
+    disks: Any = None  # the spec's volumes (gtrain/providers/gcp/volumes.py); None: made on first use
 
 
 def make_clients(credentials: Any = None) -> GCEClients:
@@ -100,7 +101,7 @@ def make_clients(credentials: Any = None) -> GCEClients:
         return GCEClients(compute_v1.InstancesClient(**kw), compute_v1.ZoneOperationsClient(**kw),
                           compute_v1.FirewallsClient(**kw), compute_v1.GlobalOperationsClient(**kw),
                           compute_v1.MachineTypesClient(**kw), compute_v1.AcceleratorTypesClient(**kw),
-                          compute_v1.RegionsClient(**kw))
+                          compute_v1.RegionsClient(**kw), compute_v1.DisksClient(**kw))
 
 
 def default_project() -> str | None:
@@ -369,6 +370,16 @@ class Compute:
             if self._clients is None:
                 self._clients = make_clients(self._credentials)
             return self._clients
+
+    @property
+    def disks(self) -> Any:
+        """The disks client (the spec's volumes); made here when the clients a test passed have none."""
+        clients = self.clients
+        if clients.disks is None:
+            with self._lock:
+                if clients.disks is None:
+                    clients.disks = make_clients(self._credentials).disks
+        return clients.disks
 
     def instance(self, project: str, zone: str, name: str) -> Any | None:
         """The instance, or None where it does not exist."""

@@ -10,10 +10,9 @@ that holds ``num_nodes.min`` of its nodes; the others are made later, as capacit
 growth of an elastic cluster) finds the nodes already there by label, and they pin the zone (node 0's); an elastic
 cluster's missing nodes go to the region's other zones when that one has no capacity (same network).
 
-Cost: GCE bills per second with a one-minute minimum; on-demand $/h is the catalog's, stored at start; Spot has
-no price history API, so Spot cost is the catalog's estimate and is marked so; the boot persistent disk is
-added by GB-hour at :data:`PD_USD_PER_GB_MONTH`.
-"""
+Cost: GCE bills per second, one-minute minimum; the $/h stored at start is the Cloud Billing Catalog's for the
+machine and GPUs in the region, on-demand or Spot (gcp/pricing.py), else the catalog's estimate, marked so; the
+boot persistent disk is added by GB-hour at :data:`PD_USD_PER_GB_MONTH`."""
 
 from __future__ import annotations
 
@@ -23,7 +22,7 @@ from gtrain.catalog import snapshot_date
 from gtrain.errors import CapacityError, ConfigError, GtrainError, ProviderError, QuotaError
 from gtrain.events import SILENT, Reporter
 from gtrain.providers.base import GCResult, IntervalCost, NodeStatus, Plan
-from gtrain.providers.cloud.billing import cloud_interval_cost
+from gtrain.providers.cloud.billing import cloud_interval_cost, freeze_price
 from gtrain.providers.cloud.failover import Attempts
 from gtrain.providers.cloud.idle import idle_watch
 from gtrain.providers.cloud.keys import drop_key, ensure_key, owner
@@ -35,18 +34,17 @@ from gtrain.providers.gcp.api import LABEL_CLUSTER, LABEL_RANK, gce
 from gtrain.providers.gcp.instances import GCPInstances
 from gtrain.providers.gcp.options import GCPOptions, gcp_options
 from gtrain.providers.gcp.teardown import GCPTeardown
+from gtrain.providers.gcp.volumes import PD_USD_PER_GB_MONTH, GCPVolumes, check_volumes, plan_notes
 from gtrain.providers.gcp.zones import REGION_ZONES, GCPZones, _attached
 
 if TYPE_CHECKING:
     from gtrain.catalog import Offer
     from gtrain.spec import ClusterSpec
+    from gtrain.spec.volumes import VolumeInfo
     from gtrain.state import Cluster, CostInterval, StateStore
     from gtrain.state.nodes import NodeRecord
 
 __all__ = ["PD_USD_PER_GB_MONTH", "REGION_ZONES", "GCPOptions", "GCPProvider", "gcp_options"]
-
-#: persistent disk, USD per GB-month (us-central1 list price, 2025); a month is 730 hours
-PD_USD_PER_GB_MONTH = {"pd-balanced": 0.10, "pd-ssd": 0.17, "pd-standard": 0.04}
 
 
 class GCPProvider(CloudProvider):
@@ -63,6 +61,7 @@ class GCPProvider(CloudProvider):
         self.zones = GCPZones(self.compute, report)
         self.instances = GCPInstances(self.compute, self.ledger, report, max_workers)
         self.teardown = GCPTeardown(self.compute, self.ledger, report, max_workers)
+        self.volumes = GCPVolumes(self.compute, self.ledger, report)
         from gtrain.providers.gcp.tpu.slices import TPUSlices
 
         self.tpu = TPUSlices(store, self.ledger, report, tpu_api)  # resources.accelerators: tpu-... (its folder)
@@ -81,6 +80,7 @@ class GCPProvider(CloudProvider):
     # ---- plan ----
 
     def plan(self, spec: ClusterSpec) -> Plan:
+        check_volumes(spec)  # persistent disks (gtrain/providers/gcp/volumes.py): their sizes, no TPU slice
         if spec.resources.tpu:
             return self.tpu.plan(spec)
         opts = gcp_options(spec.gcp)
@@ -112,8 +112,9 @@ class GCPProvider(CloudProvider):
                  f"{first.gpu_name} {first.gpu_memory_gib:g} GB" + (f" ({first.accelerator_type} attached)"
                                                                      if _attached(first) else "")]
         if res.use_spot:
-            notes.append(f"Spot $/h is the catalog's estimate (on-demand {first.price_ondemand:g} $/h); GCE may "
-                         "delete Spot VMs at any time")
+            notes.append(f"Spot $/h here is the catalog's estimate (on-demand {first.price_ondemand:g} $/h); `up` "
+                         "freezes the Cloud Billing Catalog's where it can read it; GCE may delete Spot VMs at any "
+                         "time")
         notes.append(f"prices from the gtrain catalog, snapshot {snapshot_date('gcp')} "
                      "(`gtrain catalog --refresh` updates them)")
         notes.append(f"plus {opts.disk_type} {res.disk_gb} GB per node at ${PD_USD_PER_GB_MONTH[opts.disk_type]:g}"
@@ -121,6 +122,7 @@ class GCPProvider(CloudProvider):
         if len(regions) > 1:
             notes.append(f"on no capacity: next zone, then {', '.join(regions[1:])}")
         notes += ssh_notes(opts.ssh_cidr, opts.ssh_proxy_command, "gcp")
+        notes += plan_notes(spec, regions[0])  # volumes: one zone of the first region
         notes += lifetime_note(lifetime_s(spec.policies, spec.num_nodes, first.price(res.use_spot)),
                                "GCE's maxRunDuration, action DELETE")
         zones = self.zones.zones(spec, regions[0])
@@ -167,6 +169,9 @@ class GCPProvider(CloudProvider):
             self.report.info(f"found {len(existing)} of {spec.num_nodes} node(s) of {cluster.name} in {zone}")
         else:
             zones_pin = None
+        if spec.volumes:  # before anything is made: refused (exit 2), or the zone an existing disk pins
+            regions = regions[:1]
+            zones_pin = zones_pin or self.volumes.prepare(spec, cluster, project, regions[0])
         made_fw = self._ensure_firewalls(cluster, project, opts, ssh_cidr)
         attempts = Attempts()
         for region in regions:
@@ -174,6 +179,13 @@ class GCPProvider(CloudProvider):
             if regional is None:
                 attempts.add(region, f"{offer.instance_type} ({offer.accelerators}) not in the catalog here")
                 continue
+            # the $/h up freezes (before maxRunDuration is set from it): the Cloud Billing Catalog's, else the
+            # catalog's estimate (gtrain/providers/gcp/pricing.py)
+            from gtrain.providers.gcp.pricing import at_launch
+
+            frozen = at_launch(regional, region, spec.resources.use_spot, snapshot_date("gcp"))
+            freeze_price(self.store, cluster, plan, frozen, self.report)
+            regional = regional.with_price(spec.resources.use_spot, frozen.usd_per_hour)
             body = self._body(spec, cluster, opts, regional, pub)
             zones = zones_pin or self.zones.offered_zones(spec, project, region, regional)
             if home is not None and spec.elastic:  # the nodes' zone first, then the region's others
@@ -201,8 +213,12 @@ class GCPProvider(CloudProvider):
                 if dropped:
                     self.teardown.delete_instances(project, [(zone, n) for n in dropped], cluster)
                 self.instances.record_nodes(spec, cluster, plan, opts, project, zone, nodes, regional, home=home)
+                vols = self.volumes.attach(spec, cluster, project, zone, {
+                    r: str(i.name) for r, i in nodes.items() if api.zone_of(i.zone or zone) == zone}) \
+                    if spec.volumes else []
                 if opts.wait_ssh:
                     self.instances.wait_ssh(cluster, opts, project)
+                self.volumes.mount(lambda: self.runners(cluster), vols, opts.wait_ssh)
                 idle_watch(spec, opts, self.runners(cluster), self.report, self.max_workers, cluster=cluster,
                            limits=self.nodes_enforce_limits)
                 return
@@ -349,6 +365,8 @@ class GCPProvider(CloudProvider):
         known = [(n.zone or n.extra.get("zone") or "", n.instance_id or "")
                  for n in self.store.node_records(cluster.id) if n.instance_id]
         left = self.teardown.teardown(project, cluster.id, cluster=cluster, known=known)
+        if cluster.spec.get("volumes"):  # detached by the instances' delete, kept: each said with its charge
+            self.volumes.release(cluster, project)
         finish_down(self.ledger, self.report, cluster, left, f"of cluster {cluster.id}",
                     "gtrain gc --provider gcp --yes")
 
@@ -407,6 +425,9 @@ class GCPProvider(CloudProvider):
         node.ssh = ssh_target(node.extra, node.instance_id or "")
         return node
 
+    def remount_volumes(self, cluster: Cluster, reachable: bool) -> None:
+        self.volumes.mount(lambda: self.runners(cluster), list(cluster.extra.get("volumes") or []), reachable)
+
     def cloud_options(self, spec: ClusterSpec) -> GCPOptions:
         return gcp_options(spec.gcp)
 
@@ -432,13 +453,29 @@ class GCPProvider(CloudProvider):
         node = next((n for n in self.store.node_records(cluster.id) if n.rank == interval.node_rank), None)
         meta: dict[str, Any] = node.extra if node is not None else {}
         rate = float(meta.get("price_spot_catalog") or interval.price_per_hour)
-        spot = (rate, True, f"Spot: the catalog's estimate ${rate:g}/h (GCE publishes no Spot price history)")
+        live = bool(cluster.extra.get("price_live"))  # the Cloud Billing Catalog's Spot SKUs at up (gcp/pricing.py)
+        spot = ((rate, False, f"Spot: ${rate:g}/h {cluster.extra.get('price_source')} (GCE changes Spot prices at "
+                              "most once a month)") if live else
+                (rate, True, f"Spot: the catalog's estimate ${rate:g}/h (GCE publishes no Spot price history)"))
         disk_type = str(meta.get("disk_type") or "pd-balanced")
         return cloud_interval_cost(interval, minimum_s=self.billing_minimum_s, spot=spot,
                                    disk_gb=float(meta.get("disk_gb") or 0),
                                    disk_usd_per_gb_month=PD_USD_PER_GB_MONTH.get(
                                        disk_type, PD_USD_PER_GB_MONTH["pd-balanced"]),
-                                   disk_label=disk_type)
+                                   disk_label=disk_type, frozen=cluster.extra)
+
+    # ---- volumes (gtrain volume: gtrain/runs/volumes.py) ----
+
+    def volume_list(self, regions: list[str] | None, **options: str | None) -> list[VolumeInfo]:
+        return self.volumes.list_all(self.project(gcp_options({"project": options.get("project")})), regions)
+
+    def volume_create(self, spec: ClusterSpec, name: str) -> VolumeInfo:
+        plan = self.plan(spec)
+        return self.volumes.create(spec, next(v for v in spec.volumes or [] if v.name == name),
+                                   self.project(gcp_options(spec.gcp)), plan.region or "us-central1", plan.zone)
+
+    def volume_delete(self, name: str, regions: list[str] | None, **options: str | None) -> VolumeInfo | None:
+        return self.volumes.delete(name, self.project(gcp_options({"project": options.get("project")})), regions)
 
     # ---- gc ----
 

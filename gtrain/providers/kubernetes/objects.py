@@ -184,6 +184,13 @@ def objects(request: JobRequest, opts: KubernetesOptions, name: str, master_port
     for i, v in enumerate(opts.volumes):
         mounts.append({"name": f"vol{i}", "mountPath": v.mount, "readOnly": v.read_only})
         volumes.append({"name": f"vol{i}", "persistentVolumeClaim": {"claimName": v.claim, "readOnly": v.read_only}})
+    from gtrain.spec.volumes import type_of
+
+    for i, sv in enumerate(spec.volumes or []):  # the spec's volumes: (type pvc), a claim named like the volume
+        if type_of(spec, sv) != "pvc":
+            continue
+        mounts.append({"name": f"gv{i}", "mountPath": sv.mount, "readOnly": sv.read_only})
+        volumes.append({"name": f"gv{i}", "persistentVolumeClaim": {"claimName": sv.name, "readOnly": sv.read_only}})
     container: dict[str, Any] = {
         "name": "node", "image": job.image, "command": ["bash", "-c", ENTRY], "env": env, "volumeMounts": mounts,
         "terminationMessagePolicy": "FallbackToLogsOnError"}

@@ -110,8 +110,14 @@ class KubernetesOptions(BaseModel):
                                                 "is created suspended)")
     shm_gb: Float = Field(16, ge=0, le=MAX_SHM_GB, allow_inf_nan=False, description="/dev/shm as a memory-backed "
                           f"emptyDir of this size, GB (0: none; at most {MAX_SHM_GB})")
-    volumes: list[Volume] = Field(default_factory=list, description="PersistentVolumeClaims to mount: "
+    volumes: list[Volume] = Field(default_factory=list, description="deprecated: list the claims under the "
+                                  "spec's `volumes:` (type pvc; docs/volumes.md). PersistentVolumeClaims to mount: "
                                   "[{claim: datasets, mount: /data, read_only: true}]")
+    storage_class: str | None = Field(None, description="the StorageClass of the claims `volumes:` makes "
+                                      "(default: the cluster's default class)")
+    storage_price_per_gb_month: float = Field(0.0, ge=0, allow_inf_nan=False, description="$ per GiB-month of "
+                                              "the claims `volumes:` makes, for the cost report's standing "
+                                              "charge (default 0)")
     rdma: bool = Field(False, description="ask rdma/ib, add IPC_LOCK and the NCCL_IB_* env (InfiniBand)")
     service_account: str | None = Field(None, description="the pods' serviceAccountName")
     image_pull_secrets: list[str] = Field(default_factory=list, description="Secrets of the namespace to pull "
@@ -136,6 +142,14 @@ class KubernetesOptions(BaseModel):
     def _dns(cls, v: str | None) -> str | None:
         if v is not None and not _DNS_LABEL.match(v):
             raise ValueError("is not a Kubernetes name (1-63 of a-z, 0-9, '-'; starts and ends alphanumeric)")
+        return v
+
+    @field_validator("storage_class")
+    @classmethod
+    def _storage_class(cls, v: str | None) -> str | None:
+        if v is not None and (len(v) > 253 or not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?\Z", v)):
+            raise ValueError("is not a StorageClass name (lower-case letters, digits, '-', '.'; `kubectl get "
+                             "storageclass` lists them)")
         return v
 
     @field_validator("image_pull_secrets")
@@ -228,5 +242,6 @@ def parse_options(spec: ClusterSpec) -> KubernetesOptions:
                           hint="e.g. job.image: nvcr.io/nvidia/pytorch:25.01-py3", field="job.image")
     if spec.job is not None and spec.job.data:
         raise ConfigError("job.data: not supported on provider kubernetes yet",
-                          hint="mount the data as a kubernetes.volumes claim", field="job.data")
+                          hint="mount the data as a volume (volumes: with type pvc; docs/volumes.md)",
+                          field="job.data")
     return opts

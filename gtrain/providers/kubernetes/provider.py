@@ -22,12 +22,16 @@ if TYPE_CHECKING:
     from gtrain.jobs.backend import JobBackend
     from gtrain.remote.base import Runner
     from gtrain.spec import ClusterSpec
+    from gtrain.spec.volumes import VolumeInfo
     from gtrain.state import Cluster, CostInterval
     from gtrain.state.nodes import NodeRecord
 
 #: what a launch does, checked at `up` (SelfSubjectAccessReview): (verb, group, resource)
 NEEDED = [("create", "batch", "jobs"), ("delete", "batch", "jobs"), ("list", "", "pods"), ("get", "", "pods/log"),
           ("create", "", "services"), ("create", "", "configmaps"), ("create", "", "secrets")]
+#: and with the spec's volumes: (claims made once, held and let go by annotation)
+VOLUMES_NEEDED = [("get", "", "persistentvolumeclaims"), ("create", "", "persistentvolumeclaims"),
+                  ("update", "", "persistentvolumeclaims")]
 
 
 class KubernetesProvider(Provider):
@@ -60,7 +64,13 @@ class KubernetesProvider(Provider):
         opts = parse_options(spec)
         gpus = spec.resources.gpus_per_node if spec.resources.accelerators else 0
         rate = opts.rate(spec.resources.gpu_name)
-        return Plan(
+        from gtrain.providers.kubernetes.volumes import check_spec, plan_notes
+
+        check_spec(spec, opts)
+        if opts.volumes:
+            self.report.warn("kubernetes.volumes is deprecated: list the claims under the spec's volumes: "
+                             "(e.g. {name: CLAIM, mount: /data, size_gb: N}; docs/volumes.md)")
+        plan = Plan(
             provider="kubernetes", num_nodes=spec.num_nodes,
             instance_type=f"pod:{gpus}x{spec.resources.gpu_name or 'cpu'}",
             market="kubernetes", region=f"{opts.context or 'current context'}/{opts.namespace}",
@@ -71,6 +81,8 @@ class KubernetesProvider(Provider):
                    f"charged ${rate}/GPU-hour x GPUs for each pod's running time (kubernetes.price_per_gpu_hour"
                    + (", CoreWeave's list price" if opts.profile == "coreweave" and opts.price_per_gpu_hour is None
                       else "") + ")"])
+        plan.notes += plan_notes(spec, opts)
+        return plan
 
     def provision(self, spec: ClusterSpec, cluster: Cluster, plan: Plan) -> None:
         from gtrain.providers.kubernetes.api import client
@@ -78,12 +90,18 @@ class KubernetesProvider(Provider):
         opts = parse_options(spec)
         c = client(opts.context, opts.namespace)
         label = self.check_cluster(spec, opts, c)
+        from gtrain.providers.kubernetes.volumes import KubeVolumes, check_spec
+
+        check_spec(spec, opts)
+        KubeVolumes(self).prepare(spec, cluster, opts, c)  # refused (exit 2) before anything is made
         extra = {**cluster.extra, "kubernetes": {"context": opts.context, "namespace": opts.namespace,
                                                  "gpu_label": list(label) if label else None}}
         self.store.update_cluster(cluster.id, extra=extra)
         cluster.extra = extra
         self.remember_client(cluster, c)
         self.anchor(cluster, opts, c)
+        if spec.volumes:
+            KubeVolumes(self).ensure(spec, cluster, opts, c)
         for k in range(spec.num_nodes):
             self.store.upsert_node(cluster.id, k, status="up", address=f"pod {k}",
                                    instance_id=f"kubernetes:{opts.namespace}/pod-{k}", meta={})
@@ -133,7 +151,8 @@ class KubernetesProvider(Provider):
         from lightkube import codecs
 
         denied = []
-        for verb, group, resource in NEEDED:
+        needed = NEEDED + (VOLUMES_NEEDED if spec.volumes else [])
+        for verb, group, resource in needed:
             res, _, sub = resource.partition("/")
             review = codecs.from_dict({"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
                                        "spec": {"resourceAttributes": {"namespace": ns, "verb": verb, "group": group,
@@ -145,7 +164,8 @@ class KubernetesProvider(Provider):
             from gtrain.errors import ConfigError
 
             raise ConfigError(f"kubernetes.namespace: RBAC denies {', '.join(denied)} in {ns!r}, nothing was created",
-                              hint="ask for a Role granting jobs, pods, pods/log, services and configmaps there",
+                              hint="ask for a Role granting jobs, pods, pods/log, services and configmaps there"
+                                   + (" (and persistentvolumeclaims: the spec has volumes)" if spec.volumes else ""),
                               field="kubernetes.namespace")
         gpus = spec.resources.gpus_per_node if spec.resources.accelerators else 0
         try:
@@ -266,6 +286,13 @@ class KubernetesProvider(Provider):
     def terminate(self, cluster: Cluster) -> None:
         if cluster.extra.get("kubernetes"):
             self.delete_labelled(cluster, {ko.LABEL_CLUSTER: cluster.id[:63]})
+            if cluster.spec.get("volumes"):  # the claims stay: only the cluster's hold goes
+                from gtrain.providers.kubernetes.volumes import KubeVolumes
+
+                for v in KubeVolumes(self).release(cluster):
+                    self.report.info(f"volume {v.name} (claim in {v.region}) is kept: {v.size_gb}Gi at "
+                                     f"${v.usd_per_gb_month:g}/GB-month (${v.usd_per_month:g}/month) until "
+                                     f"`gtrain volume delete {v.name}`")
         for res in self.store.resources(cluster.id, live_only=True):
             self.store.mark_resource(res.id, "deleted")
 
@@ -316,6 +343,34 @@ class KubernetesProvider(Provider):
         from gtrain.providers.kubernetes.gc import sweep
 
         return sweep(self, regions, live_cluster_ids, delete)
+
+    # ---- volumes (gtrain volume: gtrain/runs/volumes.py; gtrain/providers/kubernetes/volumes.py) ----------
+
+    def volume_list(self, regions: list[str] | None, **options: str | None) -> list[VolumeInfo]:
+        """The claims gtrain made in ``regions`` (namespaces; default: those of clusters in state, and default)."""
+        from gtrain.providers.kubernetes.gc import namespaces
+        from gtrain.providers.kubernetes.volumes import KubeVolumes
+
+        return KubeVolumes(self).list_all(list(regions) if regions else namespaces(self))
+
+    def volume_create(self, spec: ClusterSpec, name: str) -> VolumeInfo:
+        from gtrain.providers.kubernetes.api import client
+        from gtrain.providers.kubernetes.volumes import KubeVolumes, check_spec
+
+        opts = parse_options(spec)
+        check_spec(spec, opts)
+        vols = KubeVolumes(self)
+        c = client(opts.context, opts.namespace)
+        [rec] = vols.ensure(spec, None, opts, c, only=name)
+        claim = vols.get(c, opts.namespace, str(rec["claim"]))
+        assert claim is not None
+        return vols.info(c, opts.namespace, claim, opts.storage_price_per_gb_month)
+
+    def volume_delete(self, name: str, regions: list[str] | None, **options: str | None) -> VolumeInfo | None:
+        from gtrain.providers.kubernetes.gc import namespaces
+        from gtrain.providers.kubernetes.volumes import KubeVolumes
+
+        return KubeVolumes(self).delete(name, list(regions) if regions else namespaces(self))
 
     def node_records(self, cluster: Cluster) -> list[NodeRecord]:
         return self.store.node_records(cluster.id)

@@ -227,3 +227,16 @@ class LambdaAPI(JSONClient):
     def file_systems(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = self.call("GET", "/file-systems", what="list file systems").get("data") or []
         return out
+
+    # ---- file systems (the spec's volumes: gtrain/providers/lambda_cloud/volumes.py) ----
+    # POST /filesystems {"name", "region"} -> {"data": Filesystem}; DELETE /filesystems/{id} -> {"data":
+    # {"deleted_ids": [...]}}, 400 filesystems/filesystem-in-use while an instance mounts it (API 1.10.0).
+
+    def create_file_system(self, name: str, region: str) -> dict[str, Any]:
+        out: dict[str, Any] = self.call("POST", "/filesystems", {"name": name, "region": region},
+                                        what=f"create file system {name} in {region}")["data"]
+        return out
+
+    def delete_file_system(self, fs_id: str) -> list[str]:
+        res = self.call("DELETE", f"/filesystems/{fs_id}", what=f"delete file system {fs_id}")
+        return list((res.get("data") or {}).get("deleted_ids") or [])

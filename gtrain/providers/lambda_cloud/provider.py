@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from gtrain.errors import CapacityError, ConfigError, GtrainError, ProviderError, QuotaError
 from gtrain.events import SILENT, Reporter
 from gtrain.providers.base import GCResult, IntervalCost, NodeStatus, Plan, partial_start
+from gtrain.providers.cloud.billing import freeze_price, live_price
 from gtrain.providers.cloud.failover import Attempts
 from gtrain.providers.cloud.idle import idle_watch
 from gtrain.providers.cloud.keys import drop_key, ensure_key, key_path
@@ -35,6 +36,7 @@ from gtrain.providers.lambda_cloud.teardown import LambdaTeardown, instance_name
 
 if TYPE_CHECKING:
     from gtrain.spec import ClusterSpec
+    from gtrain.spec.volumes import VolumeInfo
     from gtrain.state import Cluster, CostInterval, StateStore
     from gtrain.state.nodes import NodeRecord
 
@@ -59,6 +61,9 @@ class LambdaProvider(CloudProvider):
         super().__init__(store, report, max_workers=max_workers)
         self.api = api or LambdaAPI()
         self.teardown = LambdaTeardown(self.api, self.ledger, report)
+        from gtrain.providers.lambda_cloud.volumes import LambdaVolumes
+
+        self.volumes = LambdaVolumes(self.api, store, report)
 
     def _opts(self, cluster: Cluster) -> LambdaOptions:
         return lambda_options(cluster.spec.get("lambda"))
@@ -111,6 +116,11 @@ class LambdaProvider(CloudProvider):
                          "billing (only terminating does)")
         if opts.ssh_proxy_command:
             notes.append("nodes are reached through lambda.ssh_proxy_command")
+        if spec.volumes:  # Lambda file systems (gtrain/providers/lambda_cloud/volumes.py)
+            from gtrain.providers.lambda_cloud.volumes import check_spec, plan_notes
+
+            check_spec(spec, opts.file_system_names)
+            notes += plan_notes(spec, regions[0] if regions else None)
         return Plan(provider="lambda", num_nodes=spec.num_nodes, instance_type=t.name, market="on-demand",
                     region=regions[0] if regions else None, gpu_name=t.gpu_name, gpus_per_node=t.gpus,
                     price_per_hour=t.price, max_hours=spec.policies.max_hours, notes=notes)
@@ -132,12 +142,28 @@ class LambdaProvider(CloudProvider):
             pinned = str((next(iter(existing.values())).get("region") or {}).get("name") or "")
             regions = [pinned]
             self.report.info(f"found {len(existing)} of {spec.num_nodes} node(s) of {cluster.name} in {pinned}")
+        if spec.volumes:  # before anything is made: refused (exit 2), or the region the file system pins
+            from gtrain.providers.lambda_cloud.volumes import check_spec
+
+            check_spec(spec, opts.file_system_names)
+            fs_region = self.volumes.prepare(spec, cluster, regions)
+            regions = [fs_region] if fs_region else regions[:1]
+            if regions:
+                self.report.info(f"volumes: the nodes go to {regions[0]}, where the file system is (or is made)")
+                records = self.volumes.ensure(spec, regions[0])
+                fresh = self.store.get_cluster_by_id(cluster.id)
+                with self.ledger.lock:
+                    self.store.update_cluster(cluster.id, extra={**(fresh or cluster).extra, "volumes": records})
+                opts = opts.model_copy(update={"file_system_names": [
+                    *opts.file_system_names, *[str(r["file_system"]) for r in records]]})
         key, made_key = self._ensure_key(cluster)
         attempts = Attempts()
         if not regions:
             attempts.add("all regions", CapacityError(f"Lambda lists no region with capacity for {t.name}"))
         for region in regions:
             made: list[str] = []
+            # the $/h up freezes: price_cents_per_hour of the live GET /instance-types read just now (live)
+            freeze_price(self.store, cluster, plan, live_price(t.price, "lambda instance-types", region), self.report)
             try:
                 nodes = self._launch_region(spec, cluster, opts, t, region, key, existing, made)
             except (CapacityError, QuotaError) as e:
@@ -155,6 +181,10 @@ class LambdaProvider(CloudProvider):
                          key_source="Lambda (it publishes none)",
                          hint="check lambda.ssh_user / lambda.ssh_proxy_command and the account's firewall "
                               "rules (port 22); `gtrain down` removes the instances")
+                self._link_volumes(cluster)
+            elif spec.volumes:
+                self.report.warn("volumes: the file system is attached but `mount` is not linked to it: "
+                                 "lambda.wait_ssh is false (it is at /lambda/nfs/gtrain-NAME on each node)")
             idle_watch(spec, opts, self.runners(cluster), self.report, self.max_workers, cluster=cluster,
                            limits=self.nodes_enforce_limits)
             return
@@ -163,6 +193,24 @@ class LambdaProvider(CloudProvider):
         attempts.fail(f"{spec.num_nodes}x {t.name}", quota_hint="ask Lambda support for a higher limit",
                       capacity_hint="add regions (resources.regions), pick another GPU, or try again later; "
                                     "nothing was left running")
+
+    def _link_volumes(self, cluster: Cluster) -> None:
+        """Each node's ``mount`` made a link to where Lambda mounted the file system (exit 2 when taken)."""
+        from gtrain.providers.lambda_cloud.volumes import link_script
+
+        fresh = self.store.get_cluster_by_id(cluster.id)
+        records = [r for r in (fresh or cluster).extra.get("volumes") or [] if isinstance(r, dict)]
+        if not records:
+            return
+        script = link_script(records)
+        for r in self.runners(cluster):
+            res = r.run(script, timeout=180, check=False)
+            if res.rc != 0:
+                what = (res.stdout.strip().splitlines() or [""])[-1]
+                raise ConfigError(f"volumes: could not link the mount on {r.label}: {what or res.stderr.strip()[-200:]}"
+                                  " (TAKEN: something else is at the mount; MISSING: Lambda did not mount it)",
+                                  hint="pick another mount, or `gtrain down` and look at the instance",
+                                  field="volumes")
 
     def _ensure_key(self, cluster: Cluster) -> tuple[str, bool]:
         """The cluster's SSH key on Lambda (``gtrain-<id>``): uploaded when missing; returns (name, made now)."""
@@ -286,6 +334,11 @@ class LambdaProvider(CloudProvider):
         left = self.teardown.teardown(cluster.id, cluster, known)
         finish_down(self.ledger, self.report, cluster, left, f"named for cluster {cluster.id}",
                     "gtrain gc --provider lambda --yes")
+        if cluster.spec.get("volumes"):  # the file systems stay (a standing charge)
+            for v in self.volumes.kept(cluster):
+                self.report.info(f"volume {v.name} (file system {v.extra.get('file_system')}, {v.region}) is kept: "
+                                 f"{v.size_gb or 0} GiB used at ${v.usd_per_gb_month:g}/GB-month "
+                                 f"(${v.usd_per_month:g}/month) until `gtrain volume delete {v.name}`")
 
     def terminate_node(self, cluster: Cluster, node: NodeRecord) -> None:
         if node.instance_id:
@@ -297,7 +350,29 @@ class LambdaProvider(CloudProvider):
         minutes = math.ceil(seconds / 60.0) if seconds > 0 else 0
         rate = interval.price_per_hour
         return IntervalCost(round(minutes * rate / 60.0, 6), estimate=False,
-                            note=f"${rate:g}/h, Lambda's price at launch; billed by the minute ({minutes} min)")
+                            note=f"${rate:g}/h, Lambda's price at launch "
+                                 f"{cluster.extra.get('price_source') or ''}; billed by the minute ({minutes} min)")
+
+    # ---- volumes (gtrain volume: gtrain/runs/volumes.py) ----
+
+    def volume_list(self, regions: list[str] | None, **options: str | None) -> list[VolumeInfo]:
+        return self.volumes.list_all(list(regions) if regions else None)
+
+    def volume_create(self, spec: ClusterSpec, name: str) -> VolumeInfo:
+        from gtrain.providers.lambda_cloud.volumes import check_spec
+
+        check_spec(spec, lambda_options(spec.section("lambda")).file_system_names)
+        region = self.plan(spec).region
+        if region is None:
+            raise ConfigError("resources.region: no region to make the file system in (none has capacity now)",
+                              hint="set resources.region", field="resources.region")
+        found = self.volumes.find(name)
+        [rec] = self.volumes.ensure(spec, str((found or {}).get("region", {}).get("name") or region), only=name)
+        fs = next(f for f in self.api.file_systems() if f.get("id") == rec["id"])
+        return self.volumes.info(fs, self.api.instances())
+
+    def volume_delete(self, name: str, regions: list[str] | None, **options: str | None) -> VolumeInfo | None:
+        return self.volumes.delete(name, list(regions) if regions else None)
 
     def gc(self, regions: list[str] | None, live_cluster_ids: set[str], delete: bool,
            **options: str | None) -> GCResult:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from gtrain.errors import CapacityError, ConfigError, GtrainError, ProviderError, QuotaError
 from gtrain.events import SILENT, Reporter
 from gtrain.providers.base import GCResult, IntervalCost, NodeStatus, Plan, ProviderCheck
+from gtrain.providers.cloud.billing import freeze_price, live_price
 from gtrain.providers.cloud.failover import Attempts
 from gtrain.providers.cloud.idle import idle_watch
 from gtrain.providers.cloud.keys import drop_key, ensure_key, key_path
@@ -384,6 +385,9 @@ class RunPodProvider(CloudProvider):
                 launched_at=time.time(), extra=meta))
         region = next((str(p.get("dataCenterId")) for p in pods.values() if p.get("dataCenterId")), plan.region)
         price = max(rates) if rates else listed
+        # the $/h up freezes, live: the pods' own cost as RunPod reports it, else the live GPU list's price
+        what = "runpod pod cost" if pods and all(pod_price(p) for p in pods.values()) else "runpod gpu list"
+        freeze_price(self.store, cluster, plan, live_price(price, what, region), self.report)
         plan.region, plan.price_per_hour = region, price
         with self.ledger.lock:
             self.store.update_cluster(cluster.id, region=region, price_per_hour=price)
@@ -436,8 +440,8 @@ class RunPodProvider(CloudProvider):
     def price(self, cluster: Cluster, interval: CostInterval) -> IntervalCost:
         cost = self.billed_cost(interval, time.time())
         return IntervalCost(round(cost, 6), estimate=False,
-                            note=f"${interval.price_per_hour:g}/h, the pod's cost as RunPod reported it at launch; "
-                                 "billed by the second")
+                            note=f"${interval.price_per_hour:g}/h, the pod's cost as RunPod reported it at launch "
+                                 f"{cluster.extra.get('price_source') or ''}; billed by the second")
 
     def gc(self, regions: list[str] | None, live_cluster_ids: set[str], delete: bool,
            **options: str | None) -> GCResult:
