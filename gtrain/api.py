@@ -434,9 +434,9 @@ def cancel(cluster: str, *, job_id: str | None = None, report: Reporter | None =
 def exec_command(cluster: str, command: str, *, node: int | None = None,
                  on_line: Callable[[LogLine], None] | None = None, report: Reporter | None = None) -> dict[int, int]:
     """Run a shell command on every node (or one), in parallel, streaming lines. Returns node -> exit code."""
-    from gtrain.errors import ConfigError, GtrainError, RemoteError
+    from gtrain.errors import ConfigError
     from gtrain.jobs.backend import LogLine
-    from gtrain.remote.fanout import parallel
+    from gtrain.remote.tree import exec_each  # flat, or through relays above the threshold
 
     ctx = _ctx(report)
     try:
@@ -466,16 +466,12 @@ def exec_command(cluster: str, command: str, *, node: int | None = None,
                 env["GTRAIN_JOB_ID"] = job.id
             return "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items())
 
-        def one(i: int) -> int:
-            try:
-                return runners[i].stream(
-                    f"{node_env(i)}cd {shlex.quote(runners[i].root)}/workdir 2>/dev/null; {command}",
-                    lambda text: emit(LogLine(i, None, text)))
-            except GtrainError as e:  # the command did not run: the code `gtrain ssh` gives for the same node
-                ctx.report.warn(f"node {i}: {e.message}")
-                return 255 if isinstance(e, RemoteError) else e.exit_code  # ssh's 255: the node was not reached
+        def cmd(i: int) -> str:
+            return f"{node_env(i)}cd {shlex.quote(runners[i].root)}/workdir 2>/dev/null; {command}"
 
-        return dict(zip(picked, parallel(one, picked), strict=True))
+        # each node's lines as they come (flat), or once it is done (relays); 255: a node not reached (as ssh)
+        return dict(zip(picked, exec_each(runners, picked, cmd, lambda i, text: emit(LogLine(i, None, text)),
+                                          lambda i, msg: ctx.report.warn(f"node {i}: {msg}")), strict=True))
     finally:
         ctx.store.close()
 

@@ -17,10 +17,12 @@ def attach(
                                help="The cluster's name (its gtrain:cluster-name tag / label, its Slurm folder)."),
     spec: str = typer.Argument(None, metavar="[SPEC]", help="The spec it was made from (how its nodes, login node or "
                                "namespace are reached); default: the one node 0 keeps."),
-    provider: str = typer.Option(..., "--provider", metavar="P", help="aws, gcp, slurm or kubernetes.",
+    provider: str = typer.Option(..., "--provider", metavar="P", help="aws, gcp, runpod, vast, nebius, slurm or "
+                                  "kubernetes.",
                                   show_default=False),
     region: list[str] = typer.Option(None, "--region", metavar="R", help="Where to look (aws: region, gcp: zone, "
-                                     "kubernetes: namespace); repeatable. Default: the spec's."),
+                                     "kubernetes: namespace, runpod: data center, vast: country, nebius: project "
+                                     "id); repeatable. Default: the spec's."),
     num_nodes: int = typer.Option(None, "--num-nodes", metavar="N", help="Without a spec: how many nodes it has."),
     json_: bool = JSON,
 ) -> None:

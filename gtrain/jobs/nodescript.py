@@ -8,6 +8,8 @@ truth stays on its nodes after the CLI that launched it has gone (see :mod:`gtra
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import queue
 import shlex
@@ -32,6 +34,7 @@ from gtrain.jobs.backend import (
 )
 from gtrain.jobs.render import NodeContext, render_all
 from gtrain.remote.fanout import parallel
+from gtrain.remote.tree import call_all, detached, run_on_nodes, use_tree
 
 if TYPE_CHECKING:
     from gtrain.remote.base import Runner
@@ -40,6 +43,15 @@ if TYPE_CHECKING:
     from gtrain.state import Job as JobRecord
 
 DRY_RUN_PORT = 29500
+#: how long node 0 may take to hand over its nodes.json (then: every node is asked, as without it)
+BEAT_READ_TIMEOUT_S = 10.0
+#: one read of node 0's nodes.json serves every caller within this (`status`: the job's state, the node rows,
+#: the ssh provider's describe; the watcher: the provider's view and the nodes' own word)
+BEAT_READ_TTL_S = 1.0
+_beat_reads: dict[tuple[str, str, str], tuple[float, dict[str, Any] | None]] = {}
+_beat_lock = threading.Lock()
+#: set by :func:`direct_reads`
+_beat_direct: contextvars.ContextVar[bool] = contextvars.ContextVar("gtrain_beat_direct", default=False)
 
 
 def job_dir(runner: Runner, job_id: str) -> str:
@@ -132,6 +144,70 @@ def tracking_links(cluster: Cluster, job: Job) -> dict[str, str]:
     return links(job, run_key(cluster.name, job.run_id, job.run, job.checkpoint_dir))
 
 
+def read_beats(r: Runner, job_id: str, *, timeout: float = BEAT_READ_TIMEOUT_S) -> dict[str, Any] | None:
+    """Node 0's ``JOB/nodes.json`` (gtrain.remote.nodebeat.read: the document, node 0's clock, whether its
+    aggregator runs) in one request over ``r`` (node 0's runner); None when node 0 did not answer. Read once
+    per :data:`BEAT_READ_TTL_S` whoever asks."""
+    import json
+    import time
+
+    from gtrain.jobs.templating import nodebeat_source
+    from gtrain.remote import nodebeat
+    from gtrain.remote.local import LocalRunner
+
+    key = (str(r.address), str(r.root), job_id)
+    with _beat_lock:
+        got = _beat_reads.get(key)
+        if got is not None and time.monotonic() - got[0] < BEAT_READ_TTL_S:
+            return got[1]
+    answer: dict[str, Any] | None
+    if isinstance(r, LocalRunner):  # this machine's folders: read in-process, as LocalRunner.call does
+        answer = dict(nodebeat.read(job_dir(r, job_id)))
+    else:
+        try:
+            res = r.run_python(nodebeat_source(), ["read", job_dir(r, job_id)], timeout=timeout)
+            doc = json.loads(res.stdout)
+            answer = doc if isinstance(doc, dict) else None
+        except (GtrainError, OSError, ValueError):
+            answer = None
+    with _beat_lock:
+        _beat_reads[key] = (time.monotonic(), answer)
+    return answer
+
+
+@contextlib.contextmanager
+def direct_reads() -> Iterator[None]:
+    """Within it (this thread), :func:`beats` gives None: every node is asked itself, the provider's describe
+    included. For reads a decision stands on (gtrain.runs.recovery.observe): a relayed word is the node's last
+    beat, up to two beats old, so a node killed within them still reads as running."""
+    token = _beat_direct.set(True)
+    try:
+        yield
+    finally:
+        _beat_direct.reset(token)
+
+
+def forget_beats(job_id: str) -> None:
+    """Drop the reads of ``job_id``'s aggregate kept for :data:`BEAT_READ_TTL_S`: the job is being stopped, and
+    a read from before the stop must not stand for the nodes after it (a recovery's decision read a cached
+    "both running" of two nodes just stopped and killed, and did not recover)."""
+    with _beat_lock:
+        for key in [k for k in _beat_reads if k[2] == job_id]:
+            del _beat_reads[key]
+
+
+def beats(runners: list[Runner], job: JobRecord) -> dict[int, dict[str, Any]] | None:
+    """Each node's word from node 0's heartbeat aggregate (gtrain.remote.nodebeat.derive: ``running``,
+    ``pending``, ``dead``, an end's state, ``unreachable`` when heard and then silent past the stale timeout,
+    ``unheard``); None when it cannot be used (no answer, none kept, its aggregator gone): ask every node."""
+    from gtrain.remote import nodebeat
+
+    if not runners or _beat_direct.get():
+        return None
+    return nodebeat.derive(read_beats(runners[0], job.id), job_id=job.id, num_nodes=len(runners),
+                           stale=nodebeat.stale_s(), attempt=job.info.get("attempt", 1))
+
+
 class NodeScriptBackend(JobBackend):
     name = "node-script"
 
@@ -181,16 +257,16 @@ class NodeScriptBackend(JobBackend):
 
                 pull_all(job, [runners[i] for i in picked], rep)
 
-            def prepare(i: int) -> int:
+            def prepare(i: int) -> None:
                 r, c = runners[i], ctxs[i]
                 r.run(f"mkdir -p {shlex.quote(c.workdir)} {shlex.quote(c.job_dir)}/logs")
-                moved = r.put_files(local, files, c.workdir)
                 for name, text in plan.files[i].items():
                     r.write_file(f"{c.job_dir}/{name}", text.encode(), 0o700)
-                rep.node(i, f"workdir synced ({moved} of {len(files)} files changed)")
-                return moved
 
             parallel(prepare, picked)
+            from gtrain.jobs.workdir import ship_workdir  # pushed below a few nodes, else one bundle pulled
+
+            ship_workdir(job, runners, ctxs, picked, local, files, secret_in, rep)
             if job.data:
                 from gtrain.jobs.data import fetch_data
 
@@ -203,7 +279,18 @@ class NodeScriptBackend(JobBackend):
                 q = shlex.quote(ctxs[i].job_dir)
                 runners[i].start_detached(f"exec bash {q}/launch.sh >{q}/node.log 2>&1", stdin=secret_in)
 
-            parallel(start, picked)
+            if use_tree([runners[i] for i in picked]):  # many nodes: through relays, at most once per node
+                once = os.urandom(6).hex()  # this submit's: a later one (a relaunch) starts again
+                cmds = [detached(f"exec bash {shlex.quote(ctxs[i].job_dir)}/launch.sh >{shlex.quote(ctxs[i].job_dir)}"
+                                 "/node.log 2>&1", True) for i in picked]
+                got = run_on_nodes([runners[i] for i in picked], cmds, stdin=[secret_in] * len(picked),
+                                   timeout=60, once=[f"{ctxs[i].job_dir}/.started-{once}" for i in picked])
+                for i, g in zip(picked, got, strict=True):
+                    if g.error is not None or g.rc != 0:
+                        raise RemoteCommandError(runners[i].label, "start launch.sh", g.rc if g.rc is not None
+                                                 else 255, g.error or g.stderr)
+            else:
+                parallel(start, picked)
         except BaseException:
             # don't leave half a job behind on the nodes that did start
             try:
@@ -240,8 +327,42 @@ class NodeScriptBackend(JobBackend):
 
     def describe(self, job: JobRecord, nodes: list[int] | None = None) -> JobDescription:
         picked = list(range(len(self.runners))) if nodes is None else nodes
-        raws = parallel(lambda i: self._node_state(i, job.id), picked)
+        rs = [self.runners[i] for i in picked]
+        if use_tree(rs):  # many nodes: through relays (gtrain/remote/tree.py), one answer per node
+            raws = [g if isinstance(g, dict) else {"state": "unreachable", "error": g.message, "ranks": {}}
+                    for g in call_all(rs, "job_state", [[job_dir(r, job.id)] for r in rs], timeout=60)]
+        else:
+            raws = parallel(lambda i: self._node_state(i, job.id), picked)
         statuses = [node_status(i, raw) for i, raw in zip(picked, raws, strict=True)]
+        state, code = aggregate(statuses)
+        return JobDescription(job.id, state, code, statuses)
+
+    def describe_from_beats(self, job: JobRecord) -> JobDescription:
+        """:meth:`describe` in one request while the job runs: the nodes that node 0's aggregate says run, heard
+        within two beats (``nodebeat.on_time``), as their last beat said (their ended ranks included); every
+        other node (late, silent, never heard, pending, ended, dead) asked itself as :meth:`describe` does.
+        Without an aggregate (an older job, node 0 not answering, its aggregator gone): :meth:`describe`. A
+        node's beat goes out at once when its state changes (half a second), else every
+        ``GTRAIN_HEARTBEAT_S``: for reading (`status`); a caller acting on the job (fail-fast) asks
+        :meth:`describe`."""
+        from gtrain.remote.nodebeat import on_time
+
+        got = beats(self.runners, job)
+        if got is None:
+            return self.describe(job)
+        known = {i: b for i, b in got.items() if b["word"] == "running" and on_time(b)}
+        rest = [i for i in range(len(self.runners)) if i not in known]
+        asked = dict(zip(rest, parallel(lambda i: self._node_state(i, job.id), rest), strict=True)) if rest else {}
+        statuses = []
+        for i in range(len(self.runners)):
+            if i in asked:
+                statuses.append(node_status(i, asked[i]))
+                continue
+            entry = known[i]["entry"]
+            statuses.append(node_status(i, {"state": "running", "exit_code": None,
+                                            "ranks": entry.get("exits") if isinstance(entry.get("exits"), dict)
+                                            else {}, "via": "heartbeat", "heartbeat_age": known[i]["age"],
+                                            "step": known[i]["step"]}))
         state, code = aggregate(statuses)
         return JobDescription(job.id, state, code, statuses)
 
@@ -255,7 +376,10 @@ class NodeScriptBackend(JobBackend):
             except RemoteError:
                 pass  # unreachable now: the state read that follows reports it
 
-        parallel(one, picked)
+        try:
+            parallel(one, picked)
+        finally:  # what node 0's aggregate said before the stop is not what the nodes say after it
+            forget_beats(job.id)
 
     # ---- output ----------------------------------------------------------------------------------
 

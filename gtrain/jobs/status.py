@@ -42,11 +42,17 @@ _ALIVE = ("running", "pending", "starting", "setup")
 def refresh_job(cluster: Cluster, job: JobRecord, ctx: Context, *, act: bool = True) -> JobRecord:
     """Ask the backend where ``job`` is and store it. With ``act``, a job that died on some nodes is stopped
     on the others (fail-fast) and workers a dead launcher left behind are ended; without it (``status``),
-    nothing is stopped: what would be is reported."""
+    nothing is stopped: what would be is reported, and a node-script job's running nodes are read from node 0's
+    heartbeat aggregate in one request (NodeScriptBackend.describe_from_beats; the others asked themselves)."""
     if (job.status in TERMINAL_JOB and job.info.get("final")) or job.status == "recovering":
         return job  # a recovery in progress is its watcher's (gtrain.runs.recovery)
     backend = ctx.backend(cluster)
-    desc = backend.describe(job)
+    if act:
+        desc = backend.describe(job)
+    else:  # reading: node 0's heartbeat aggregate, one request, where the node scripts keep one
+        from gtrain.jobs.nodescript import NodeScriptBackend
+
+        desc = backend.describe_from_beats(job) if isinstance(backend, NodeScriptBackend) else backend.describe(job)
     nodes = desc.nodes
     state, code = desc.state, desc.exit_code
     dead = [n.node for n in nodes if n.detail in _DEAD]

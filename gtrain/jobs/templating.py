@@ -33,7 +33,17 @@ def _env() -> Any:
         trim_blocks=False,
     )
     env.filters["q"] = shell_quote
+    env.globals["nodebeat_source"] = nodebeat_source
     return env
+
+
+@lru_cache(maxsize=1)
+def nodebeat_source() -> str:
+    """The node's heartbeat sender and node 0's aggregator (gtrain.remote.nodebeat), run by launch.sh from a
+    heredoc (templates/_heartbeat.sh.j2)."""
+    from gtrain.remote import nodebeat
+
+    return Path(nodebeat.__file__).read_text(encoding="utf-8").rstrip("\n")
 
 
 @dataclass

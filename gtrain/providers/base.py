@@ -208,7 +208,8 @@ class Provider(ABC):
         resources' tags or labels; None when nothing of it runs. Default: this provider cannot attach."""
         raise ConfigError(f"gtrain attach: provider {self.name} cannot rebuild a cluster from tags",
                           field="--provider",
-                          hint="attach knows aws, gcp, slurm and kubernetes; `gtrain gc` lists what tags say")
+                          hint="attach knows aws, gcp, runpod, vast, nebius, slurm and kubernetes; `gtrain gc` lists "
+                               "what tags say")
 
     def adopt(self, spec: ClusterSpec, cluster: Cluster, plan: Plan, region: str | None) -> None:
         """``gtrain attach``: record the resources and the nodes (``store.put_node``) of ``cluster``, whose

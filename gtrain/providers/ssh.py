@@ -265,9 +265,16 @@ class SSHProvider(Provider):
         self.report.info(f"ssh config: {path} (add `Include {path}` to ~/.ssh/config for `ssh {cluster.name}-0`)")
 
     def describe(self, cluster: Cluster) -> list[NodeStatus]:
+        """Each host reachable or not: a host that node 0's heartbeat aggregate heard within two of its beats
+        (gtrain.remote.nodebeat.on_time; its newest job not over: gtrain.jobs.nodescript.beats) is reachable
+        without asking it; every other host runs ``true`` over SSH. So a poll of a running job costs one
+        request, not one per host, and a host that went away is asked (and found unreachable) two beats on."""
         runners = self.runners(cluster)
+        fresh = self._beating(cluster, runners)
 
         def one(i: int) -> NodeStatus:
+            if i in fresh:
+                return NodeStatus(i, "running", runners[i].address, "heartbeat")
             try:
                 runners[i].run("true", timeout=30)
                 return NodeStatus(i, "running", runners[i].address)
@@ -275,6 +282,17 @@ class SSHProvider(Provider):
                 return NodeStatus(i, "unreachable", runners[i].address, e.message)
 
         return parallel(one, list(range(len(runners))))
+
+    def _beating(self, cluster: Cluster, runners: list[Runner]) -> set[int]:
+        from gtrain.jobs.nodescript import beats
+        from gtrain.remote.nodebeat import on_time, stale_s
+        from gtrain.state import TERMINAL_JOB
+
+        job = self.store.latest_job(cluster.id)
+        if job is None or job.status in TERMINAL_JOB or len(runners) != cluster.num_nodes:
+            return set()
+        got = beats(runners, job) or {}
+        return {i for i, b in got.items() if on_time(b) and float(b["age"]) <= stale_s()}
 
     def terminate(self, cluster: Cluster) -> None:
         nodes = {n.rank: n for n in self.store.node_records(cluster.id)}

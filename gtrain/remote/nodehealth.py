@@ -97,7 +97,11 @@ def health(job_dir: str) -> dict[str, object]:
     started_age = None
     if word == "running":
         pid = st.get("pid")
-        agent = "alive" if isinstance(pid, int) and _alive(pid) else "dead"
+        # a launcher gone without writing its end died, unless gtrain stopped it (JOB/cancel: a fail-fast, a
+        # cancel, a recovery's stop) and the stop's SIGKILL came first (a durable run's final flush outlasting
+        # the grace): that is an end, as nodeside.job_state says (cancelled), not a node lost
+        agent = ("alive" if isinstance(pid, int) and _alive(pid) else
+                 "ended" if os.path.exists(os.path.join(job_dir, "cancel")) else "dead")
         if isinstance(st.get("time"), (int, float)):
             started_age = max(0.0, now - float(st["time"]))
     else:

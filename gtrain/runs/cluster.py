@@ -308,6 +308,81 @@ def _recovery_note(cluster: Cluster, job: Any, ctx: Context) -> str | None:
     return status_note(cluster, job, ctx)
 
 
+def _beats(cluster: Cluster, job: Any, ctx: Context) -> dict[int, dict[str, Any]] | None:
+    """Each node's word from node 0's heartbeat aggregate (gtrain.jobs.nodescript.beats), for a node-script job
+    not over yet; None: none to read (another backend, an older job, node 0 not answering)."""
+    from gtrain.state import TERMINAL_JOB
+
+    if job.status in TERMINAL_JOB and job.info.get("final"):
+        return None
+    try:
+        backend = ctx.backend(cluster)
+        from gtrain.jobs.nodescript import NodeScriptBackend, beats
+
+        return beats(backend.runners, job) if isinstance(backend, NodeScriptBackend) else None
+    except GtrainError:
+        return None
+
+
+class _NodeZero:
+    """Progress asked of node 0 alone (rank 0's metrics are there: gtrain.state.progress.combine measures rank
+    0, else the lowest rank with samples), in the background; every node is asked (runlog.progress.Live) when
+    node 0 did not answer."""
+
+    def __init__(self, cluster: Cluster, job: Any, ctx: Context) -> None:
+        import threading
+
+        from gtrain.runlog import progress
+
+        self.cluster, self.job, self.ctx = cluster, job, ctx
+        self.answers: list[dict[str, Any] | None] | None = None
+        runners = ctx.runners(cluster)[:1]
+        self._thread = threading.Thread(target=self._run, args=(progress, runners), daemon=True,
+                                        name="gtrain-progress")
+        self._thread.start()
+
+    def _run(self, progress: Any, runners: list[Any]) -> None:
+        try:
+            self.answers = progress.ask(runners, self.job.id)
+        except Exception:  # noqa: BLE001 -- progress is a nicety: never the command's failure
+            self.answers = None
+
+    def result(self, wait_s: float = 10.0) -> list[dict[str, Any] | None] | None:
+        from gtrain.runlog.progress import Live
+
+        self._thread.join(wait_s)
+        got = self.answers
+        if got and got[0] is not None:
+            return got
+        return Live(self.cluster, self.job, self.ctx).result(wait_s)
+
+
+def _progress(cluster: Cluster, job: Any, ctx: Context, beating: bool) -> Any:
+    """The job's progress read beside `status`'s state read: from node 0 while the heartbeat aggregate
+    answers (one request), else every node (runlog.progress.Live)."""
+    if beating:
+        return _NodeZero(cluster, job, ctx)
+    from gtrain.runlog.progress import Live
+
+    return Live(cluster, job, ctx)
+
+
+def _node_row(n: Any, live: dict[int, Any], beat: dict[int, dict[str, Any]] | None) -> dict[str, Any]:
+    """One node's row: the provider's word, except a node heard by node 0 and then silent past the heartbeat's
+    stale timeout: ``unreachable`` whatever the provider says (not ``running``)."""
+    row = {"rank": n.rank, "address": n.address, "zone": n.zone,
+           "status": live[n.rank].status if n.rank in live else n.status,
+           "detail": live[n.rank].detail if n.rank in live else ""}
+    b = (beat or {}).get(n.rank)
+    if b is not None:
+        age = b["age"]
+        row["heartbeat"] = {"word": b["word"], "age_s": None if age is None else round(float(age), 1),
+                            "step": b["step"]}
+        if b["word"] == "unreachable":
+            row["status"], row["detail"] = "unreachable", f"no heartbeat for {float(age):.0f} s (node 0's aggregate)"
+    return row
+
+
 def status(ctx: Context, name: str | None = None, *, refresh: bool = True) -> list[dict[str, Any]]:
     """Clusters from state. With a name (and ``refresh``), the newest job's state is asked of the nodes."""
     if name is not None:
@@ -318,12 +393,13 @@ def status(ctx: Context, name: str | None = None, *, refresh: bool = True) -> li
     now = time.time()
     for c in clusters:
         job = ctx.store.latest_job(c.id)
-        reading = None
+        reading: Any = None
+        beat: dict[int, dict[str, Any]] | None = None
         if job is not None and name is not None and refresh and c.status == "up":
             from gtrain.jobs.status import refresh_job
-            from gtrain.runlog.progress import Live
 
-            reading = Live(c, job, ctx)  # its step and rate, asked of the nodes beside the state read
+            beat = _beats(c, job, ctx)  # node 0's heartbeat aggregate: one request (docs/scale.md)
+            reading = _progress(c, job, ctx, beat is not None)  # its step and rate, beside the state read
             job = refresh_job(c, job, ctx, act=False)  # read-only: reports, never stops anything
         jobs = ctx.store.jobs(c.id) if name is not None else ([job] if job else [])
         live: dict[int, Any] = {}
@@ -343,10 +419,7 @@ def status(ctx: Context, name: str | None = None, *, refresh: bool = True) -> li
             "price_per_hour": round(c.price_per_hour * c.num_nodes, 4), "created_at": c.created_at,
             "price_source": c.extra.get("price_source"),  # live (...) / estimate (catalog ...): docs/catalog.md
             "uptime_hours": round((now - c.created_at) / 3600, 4),
-            "nodes": [{"rank": n.rank, "address": n.address, "zone": n.zone,
-                       "status": live[n.rank].status if n.rank in live else n.status,
-                       "detail": live[n.rank].detail if n.rank in live else ""}
-                      for n in ctx.store.nodes(c.id)] if name is not None else None,
+            "nodes": [_node_row(n, live, beat) for n in ctx.store.nodes(c.id)] if name is not None else None,
             "jobs": [{"id": j.id, "status": j.status, "exit_code": j.exit_code, "created_at": j.created_at,
                       "by": j.info.get("by"),
                       "ended_at": j.ended_at, "run": j.info.get("run"), "attempt": j.info.get("attempt", 1),

@@ -91,6 +91,17 @@ class Poll:
     ended: bool = False
     #: when this attempt started (its launchers' start; the watcher's clock): progress counts from here
     started_at: float | None = None
+    #: the nodes whose own word this poll took from node 0's heartbeat aggregate (their last beat, relayed:
+    #: up to one GTRAIN_HEARTBEAT_S old) instead of asking them (docs/scale.md, "Status from heartbeats")
+    relayed: tuple[int, ...] = ()
+
+
+def confirm_first(health: Health, p: Poll) -> bool:
+    """Whether ``health`` must be asked again of every node itself before it is acted on: a recovery or a hang
+    decided on a poll that took some node's word from node 0's aggregate. The aggregate is the nodes' own word,
+    relayed and up to a beat old; what a decision stands on is read from the nodes directly (a node the
+    aggregate calls silent was asked directly already)."""
+    return health.state in (RECOVER, HANG) and bool(p.relayed)
 
 
 @dataclass

@@ -115,13 +115,18 @@ def observe(cluster: Cluster, job: JobRecord, ctx: Context) -> Observed:
         found = None
     polls: list[Poll] = []
     if found is None:
+        from gtrain.jobs.nodescript import direct_reads
+
         ended = job.status not in (JobState.RUNNING.value, JobState.PENDING.value)
-        for _ in range(2):
-            view = signals.provider_view(cluster, ctx)
-            polls.append(signals.poll(cluster, job, ctx, view, ask=signals.askable(cluster, view), ended=ended))
-            if decide_lost(polls, stale_s=signals.stale_s()).state != SUSPECT:
-                break
-            time.sleep(min(2.0, _watch_poll_s()))
+        # the decision stands on each node's own word and the provider's, not on node 0's heartbeat aggregate:
+        # a relayed word is up to two beats old, and a node killed within them reads as running (docs/scale.md)
+        with direct_reads():
+            for _ in range(2):
+                view = signals.provider_view(cluster, ctx)
+                polls.append(signals.poll(cluster, job, ctx, view, ask=signals.askable(cluster, view), ended=ended))
+                if decide_lost(polls, stale_s=signals.stale_s()).state != SUSPECT:
+                    break
+                time.sleep(min(2.0, _watch_poll_s()))
     progress = _progress(job, recs) if progress_matters(pol, recs) else None
     return Observed(job.id, job.exit_code, pol, recs, (), (), progress, polls=polls, found=found,
                     stale_s=signals.stale_s())

@@ -31,8 +31,17 @@ def _runners(backend: JobBackend) -> list[Any]:
     return list(runners)
 
 
-def run_tool(backend: JobBackend, plan: JobPlan, node: int, *args: str, timeout: float = 3600) -> dict[str, Any]:
-    """Run the checkpoint tool on ``node`` with the job's env and secrets; its one JSON line."""
+def _bundle_sha() -> str:
+    import hashlib
+
+    return hashlib.sha256(bundle()).hexdigest()
+
+
+def run_tool(backend: JobBackend, plan: JobPlan, node: int, *args: str, timeout: float = 3600,
+             ship: bool = False) -> dict[str, Any]:
+    """Run the checkpoint tool on ``node`` with the job's env and secrets; its one JSON line. ``ship``: first
+    copy the tool there unless the node holds the same bytes already (asked in the same command as the mkdir:
+    no extra round trip, and ~300 kB not sent again to each node at every launch)."""
     from gtrain.jobs.nodescript import secret_stdin
     from gtrain.jobs.render import render
 
@@ -40,9 +49,16 @@ def run_tool(backend: JobBackend, plan: JobPlan, node: int, *args: str, timeout:
     assert job is not None and job.checkpoint_store
     r, c = _runners(backend)[node], plan.private["contexts"][node]
     key = c.checkpoint_key or plan.job_id
-    script = render("ckpt.sh", c, bundle=f"{r.root}/{BUNDLE}", ckpt_args=[args[0], job.checkpoint_store, key,
-                                                                          str(node), *args[1:]])
-    r.run(f"mkdir -p {shlex.quote(c.job_dir)}")
+    pyz = f"{r.root}/{BUNDLE}"
+    script = render("ckpt.sh", c, bundle=pyz, ckpt_args=[args[0], job.checkpoint_store, key,
+                                                         str(node), *args[1:]])
+    if ship:
+        held = r.run(f"mkdir -p {shlex.quote(c.job_dir)} && {{ sha256sum {shlex.quote(pyz)} 2>/dev/null || true; }}",
+                     timeout=120).stdout.split()
+        if held[:1] != [_bundle_sha()]:
+            r.write_file(pyz, bundle(), 0o600)
+    else:
+        r.run(f"mkdir -p {shlex.quote(c.job_dir)}")
     r.write_file(f"{c.job_dir}/ckpt.sh", script.encode(), 0o700)
     res = r.run(f"bash {shlex.quote(c.job_dir)}/ckpt.sh", stdin=secret_stdin(job), check=False, timeout=timeout)
     last = (res.stdout.strip().splitlines() or [""])[-1]
@@ -96,8 +112,7 @@ def prepare(plan: JobPlan, backend: JobBackend, report: Reporter, *, attempt: in
     plan.info["checkpoint_key"] = key
 
     def one(i: int) -> None:
-        runners[i].write_file(f"{runners[i].root}/{BUNDLE}", bundle(), 0o600)
-        run_tool(backend, plan, i, "probe", timeout=120)
+        run_tool(backend, plan, i, "probe", timeout=120, ship=True)
 
     parallel(one, list(range(len(runners))) if nodes is None else nodes)
     report.info(f"checkpoint store {job.checkpoint_store}/{key}: writable from "

@@ -24,6 +24,7 @@ from gtrain.runs.decide import (
     Health,
     NodeSignals,
     Poll,
+    confirm_first,
     decide_lost,
 )
 
@@ -65,12 +66,17 @@ def _source() -> str:
 
 
 def _ask(cluster: Cluster, job: JobRecord, ctx: Context, func: str, *args: str,
-         nodes: list[int] | None = None) -> dict[int, dict[str, Any]]:
+         nodes: list[int] | None = None, direct: bool = False) -> dict[int, dict[str, Any]]:
     """``gtrain.remote.nodehealth.<func>(JOB_DIR, *args)`` on each node, in parallel; a node that does not
     answer gives ``{"agent": "unreached"}``. A backend without node scripts (a scheduler, pods) gives its own
-    word on each node instead (no heartbeat, no progress; no stacks)."""
-    from gtrain.jobs.nodescript import NodeScriptBackend, job_dir
+    word on each node instead (no heartbeat, no progress; no stacks). ``health`` reads node 0's heartbeat
+    aggregate first (one request, gtrain.remote.nodebeat): a node it heard within two beats (``on_time``) with
+    its launcher alive (or not started yet) is taken as its last beat said (``"via": "node 0"``); only the
+    others (late, silent, never heard, ended, dead) are asked themselves. ``direct``: every node asked
+    itself."""
+    from gtrain.jobs.nodescript import NodeScriptBackend, beats, job_dir
     from gtrain.remote.fanout import parallel
+    from gtrain.remote.nodebeat import health_of, on_time
 
     backend = ctx.backend(cluster)
     picked = list(range(cluster.num_nodes)) if nodes is None else nodes
@@ -85,6 +91,12 @@ def _ask(cluster: Cluster, job: JobRecord, ctx: Context, func: str, *args: str,
                          "unreached" if n.detail == "unreachable" else "ended" if n.state.terminal else "alive"}
                 for n in desc.nodes}
     src, runners = _source(), backend.runners
+    relayed: dict[int, dict[str, Any]] = {}
+    if func == "health" and not direct and picked:
+        got = beats(runners, job) or {}
+        relayed = {i: dict(health_of(got[i])) for i in picked
+                   if i in got and got[i]["word"] in ("running", "pending") and on_time(got[i])}
+        picked = [i for i in picked if i not in relayed]
 
     def one(i: int) -> dict[str, Any]:
         r = runners[i]
@@ -94,7 +106,7 @@ def _ask(cluster: Cluster, job: JobRecord, ctx: Context, func: str, *args: str,
         except (GtrainError, OSError, ValueError, TypeError) as e:
             return {"agent": "unreached", "error": getattr(e, "message", str(e))}
 
-    return dict(zip(picked, parallel(one, picked), strict=True))
+    return {**relayed, **dict(zip(picked, parallel(one, picked), strict=True))}
 
 
 def node_signals(rank: int, at: float, view: dict[int, tuple[str, str]] | None,
@@ -122,17 +134,19 @@ def askable(cluster: Cluster, view: dict[int, tuple[str, str]] | None) -> list[i
 
 
 def poll(cluster: Cluster, job: JobRecord, ctx: Context, view: dict[int, tuple[str, str]] | None, *,
-         ask: list[int], broken: set[int] | None = None, ended: bool = False) -> Poll:
+         ask: list[int], broken: set[int] | None = None, ended: bool = False, direct: bool = False) -> Poll:
     """One look at every node: the provider's ``view`` (:func:`provider_view`), the own word of the nodes in
-    ``ask``; a node not asked whose followed stream broke (gtrain.runs.follow.BROKEN) did not answer."""
-    health = _ask(cluster, job, ctx, "health", nodes=ask) if ask else {}
+    ``ask`` (node 0's heartbeat aggregate first, unless ``direct``: :func:`_ask`); a node not asked whose
+    followed stream broke (gtrain.runs.follow.BROKEN) did not answer."""
+    health = _ask(cluster, job, ctx, "health", nodes=ask, direct=direct) if ask else {}
     at = time.time()
     starts = [at - float(h["started_age"]) for h in health.values() if h.get("started_age") is not None]
     nodes = tuple(node_signals(i, at, view, health[i]) if i in health else
                   NodeSignals(i, *(view or {}).get(i, ("unknown", "")),
                               "unreached" if i in (broken or ()) else "unknown")
                   for i in range(cluster.num_nodes))
-    return Poll(at, nodes, ended, max(starts) if starts else None)
+    return Poll(at, nodes, ended, max(starts) if starts else None,
+                tuple(sorted(i for i, h in health.items() if h.get("via") == "node 0")))
 
 
 def finding(job: JobRecord, health: Health, last: Poll, **extra: Any) -> dict[str, Any]:
@@ -186,10 +200,18 @@ class Watch:
                or (view is None and self._due(MUTE_PROVIDER_ASK_S)))
         if ask:
             self.asked = time.monotonic()
-        p = poll(self.cluster, self.job, self.ctx, view, ask=askable(self.cluster, view) if ask else [],
-                 broken=BROKEN.get(self.job.id))
+        asked = askable(self.cluster, view) if ask else []
+        p = poll(self.cluster, self.job, self.ctx, view, ask=asked, broken=BROKEN.get(self.job.id))
+        h = decide_lost([*self.polls[-1:], p], hang_s=self.hang_s, stale_s=self.stale_s)
+        if confirm_first(h, p):  # decided on relayed beats: the provider and every node asked itself first
+            from gtrain.jobs.nodescript import direct_reads
+
+            with direct_reads():
+                view = provider_view(self.cluster, self.ctx)
+                p = poll(self.cluster, self.job, self.ctx, view, ask=askable(self.cluster, view) if asked else [],
+                         broken=BROKEN.get(self.job.id), direct=True)
+            h = decide_lost([*self.polls[-1:], p], hang_s=self.hang_s, stale_s=self.stale_s)
         self.polls = [*self.polls[-1:], p]
-        h = decide_lost(self.polls, hang_s=self.hang_s, stale_s=self.stale_s)
         self.state = h.state
         if h.state == SUSPECT:
             if h.detail != self.said:

@@ -203,6 +203,16 @@ def test_up_freezes_the_live_spot_price_of_its_zone(spot: FakeSpot, monkeypatch:
         assert cluster_lifetime_s(c) == 2 * 3600
         report = cluster_cost(ctx.store, c, ctx.provider("aws"))
         assert report.price_source == c.extra["price_source"] and not report.lines[0].estimate
+        # the node was launched with its own budget watch at that price (its boot script, after the lifetime's)
+        import base64
+
+        import boto3
+
+        [node] = ctx.store.nodes(c.id)
+        got = boto3.client("ec2", region_name="us-east-1").describe_instance_attribute(
+            InstanceId=str(node.instance_id), Attribute="userData")["UserData"]["Value"]
+        boot = base64.b64decode(got).decode()
+        assert "held by the node at its live spot price" in boot and "--price 0.3712" in boot, boot[-600:]
     finally:
         core.down(s.name, ctx)
 

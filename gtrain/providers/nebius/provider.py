@@ -275,6 +275,18 @@ class NebiusProvider(CloudProvider):
                 launched_at=time.time(), extra=meta))
         write_ssh_config(self.ledger, self.report)
 
+    # ---- attach (gtrain/providers/nebius/adopt.py) ----
+
+    def find_by_name(self, spec: ClusterSpec, regions: list[str]) -> tuple[str, str | None] | None:
+        from gtrain.providers.nebius.adopt import find_by_name
+
+        return find_by_name(self, spec, regions)
+
+    def adopt(self, spec: ClusterSpec, cluster: Cluster, plan: Plan, region: str | None) -> None:
+        from gtrain.providers.nebius.adopt import adopt
+
+        adopt(self, spec, cluster, plan, region)
+
     # ---- describe / terminate / price / gc ----
 
     def _project(self, cluster: Cluster) -> str:

@@ -215,7 +215,7 @@ class RunPodProvider(CloudProvider):
             except BaseException:
                 self._undo(cluster, made)
                 raise
-            self._record(spec, cluster, plan, opts, t, pods)
+            self._record(spec, cluster, plan, opts, t.id, pods)
             self._reach(spec, cluster, opts)
             return
         if not existing:
@@ -276,7 +276,7 @@ class RunPodProvider(CloudProvider):
             except BaseException:
                 self._undo_group(cluster, made)
                 raise
-            self._record(spec, cluster, plan, opts, t, pods)
+            self._record(spec, cluster, plan, opts, t.id, pods)
             self._reach(spec, cluster, opts)
             return
         if not existing:
@@ -357,7 +357,7 @@ class RunPodProvider(CloudProvider):
                 time.sleep(opts.poll_s)
         return out
 
-    def _record(self, spec: ClusterSpec, cluster: Cluster, plan: Plan, opts: RunPodOptions, t: rg.GpuType,
+    def _record(self, spec: ClusterSpec, cluster: Cluster, plan: Plan, opts: RunPodOptions, gpu_type: str,
                 pods: dict[int, dict[str, Any]]) -> None:
         from gtrain.state.nodes import NodeRecord
         from gtrain.state.sshtarget import SSHTarget
@@ -374,7 +374,7 @@ class RunPodProvider(CloudProvider):
             rates.append(rate)
             host, port = ssh_direct(pod) or ("", 22)
             dc = pod.get("dataCenterId")
-            meta = {"region": dc, "instance_type": t.id, "price_per_hour": rate,
+            meta = {"region": dc, "instance_type": gpu_type, "price_per_hour": rate,
                     "price_source": "pod cost" if pod_price(pod) else "catalog list price", "name": pod.get("name"),
                     "public_ip": host, "private_ip": rc.overlay_ip(pod), "ssh_port": port, "ssh_user": opts.ssh_user,
                     "key_file": str(key_path(cluster.id)), "proxy_command": opts.ssh_proxy_command}
@@ -416,6 +416,16 @@ class RunPodProvider(CloudProvider):
             st = str(found.get("status") or "")
             out.append(NodeStatus(node.rank, STATES.get(st, st.lower()), node.address, f"{found.get('name')}: {st}"))
         return out
+
+    def find_by_name(self, spec: ClusterSpec, regions: list[str]) -> tuple[str, str | None] | None:
+        from gtrain.providers.runpod.adopt import find_by_name
+
+        return find_by_name(self, spec, regions)
+
+    def adopt(self, spec: ClusterSpec, cluster: Cluster, plan: Plan, region: str | None) -> None:
+        from gtrain.providers.runpod.adopt import adopt
+
+        adopt(self, spec, cluster, plan, region)
 
     def ended_at(self, cluster: Cluster) -> dict[int, float]:
         return {}  # RunPod pods enforce no limit: they bill until terminated

@@ -367,6 +367,16 @@ class VastProvider(CloudProvider):
                                   f"{found.get('label')}: {found.get('actual_status')}{why}"))
         return out
 
+    def find_by_name(self, spec: ClusterSpec, regions: list[str]) -> tuple[str, str | None] | None:
+        from gtrain.providers.vast.adopt import find_by_name
+
+        return find_by_name(self, spec, regions)
+
+    def adopt(self, spec: ClusterSpec, cluster: Cluster, plan: Plan, region: str | None) -> None:
+        from gtrain.providers.vast.adopt import adopt
+
+        adopt(self, spec, cluster, plan, region)
+
     def ended_at(self, cluster: Cluster) -> dict[int, float]:
         return {}  # Vast instances enforce no limit: they bill until destroyed
 

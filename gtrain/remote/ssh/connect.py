@@ -7,6 +7,7 @@ paramiko is imported inside functions only."""
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import subprocess
 import threading
@@ -21,7 +22,8 @@ from gtrain.remote.ssh.hostkeys import (
     _policy,
     _Refused,
     fingerprint_sha256,
-    known_hosts_path,
+    known_hosts_name,
+    pinned_map,
     unpin_host,
 )
 from gtrain.remote.ssh.logs import route_paramiko_logs
@@ -62,6 +64,9 @@ class _Pool:
         self._clients: dict[tuple[str, int, str], paramiko.SSHClient] = {}
         self._key_locks: dict[tuple[str, int, str], threading.Lock] = {}
         self.connects = 0  # how many connections were ever made (tests check reuse)
+        self.channels = 0  # how many sessions (commands, sftp) were opened on them: round trips, for the bench
+        self.external = 0  # connections made by another program (rsync's ssh), one session each
+        self.relayed = 0  # nodes a relay reached for us (gtrain/remote/tree.py): no connection from here
 
     def __iter__(self) -> Iterator[tuple[str, int, str]]:
         with self._lock:
@@ -87,6 +92,10 @@ class _Pool:
                 self.connects += 1
             return client
 
+    def count_channel(self) -> None:
+        with self._lock:
+            self.channels += 1
+
     def drop(self, key: tuple[str, int, str]) -> None:
         with self._lock:
             client = self._clients.pop(key, None)
@@ -107,6 +116,25 @@ class _Pool:
 
 _POOL = _Pool()
 
+#: set to a file path, every process writes its :func:`pool_stats` there as JSON when it exits (the scale
+#: bench counts round trips per command with it; docs/scale.md)
+ENV_STATS = "GTRAIN_SSH_STATS"
+
+
+def _write_stats() -> None:
+    import json
+
+    path = os.environ.get(ENV_STATS)
+    if path:
+        with contextlib.suppress(OSError), open(path, "w") as f:
+            json.dump(pool_stats(), f)
+
+
+if os.environ.get(ENV_STATS):
+    import atexit
+
+    atexit.register(_write_stats)
+
 
 def close_all() -> None:
     """Close every pooled connection (processes started detached on the nodes keep running)."""
@@ -122,7 +150,8 @@ def forget_host(host: str, port: int = 22) -> int:
 
 
 def pool_stats() -> dict[str, int]:
-    return {"open": len(_POOL.transports()), "connects": _POOL.connects}
+    return {"open": len(_POOL.transports()), "connects": _POOL.connects, "channels": _POOL.channels,
+            "external": _POOL.external, "relayed": _POOL.relayed}
 
 
 def _close_client(client: paramiko.SSHClient) -> None:
@@ -205,6 +234,22 @@ def _open_sock(target: SSHTarget, opts: ConnectOptions, timeout: float) -> Any:
     return sock
 
 
+def _load_pinned(client: paramiko.SSHClient, target: SSHTarget) -> None:
+    """Give the client the keys pinned for this host only (not the whole known_hosts file: each key line is a
+    key object, and N clients each holding N of them is O(N^2) time and memory)."""
+    import base64
+
+    import paramiko
+
+    name = known_hosts_name(target.host, target.port)
+    keys = client.get_host_keys()
+    for ktype, b64 in pinned_map().get(name, []):
+        try:
+            keys.add(name, ktype, paramiko.PKey.from_type_string(ktype, base64.b64decode(b64)))
+        except (paramiko.SSHException, ValueError, TypeError):
+            continue  # an unknown key type or a damaged line: as paramiko's own loader, skip it
+
+
 def _connect(target: SSHTarget, opts: ConnectOptions) -> paramiko.SSHClient:
     import paramiko
 
@@ -217,9 +262,7 @@ def _connect(target: SSHTarget, opts: ConnectOptions) -> paramiko.SSHClient:
         left = deadline - time.monotonic()
         timeout = max(0.5, min(opts.timeout_s, left)) if opts.retry_s > 0 else opts.timeout_s
         client = paramiko.SSHClient()
-        kh = known_hosts_path()
-        if kh.exists():
-            client.load_system_host_keys(str(kh))
+        _load_pinned(client, target)
         client.set_missing_host_key_policy(_policy(opts.tofu, opts.on_new_host_key, target.port))
         retry_cause: str | None = None
         client._gtrain_proxy = None  # type: ignore[attr-defined]

@@ -111,7 +111,9 @@ class SSHRunner(Runner):
         for attempt in (1, 2):
             t = self._transport()
             try:
-                return t.open_session(timeout=self._opts.timeout_s)
+                chan = t.open_session(timeout=self._opts.timeout_s)
+                _POOL.count_channel()
+                return chan
             except (paramiko.SSHException, EOFError, OSError) as e:
                 # a pooled transport can die between the liveness check and the open: reconnect once
                 _POOL.drop((self.target.host, self.target.port, self.target.user))
@@ -128,9 +130,10 @@ class SSHRunner(Runner):
 
     def _exec(
         self, cmd: str, *, stdin: bytes | None, timeout: float | None, on_out: Callable[[bytes], None],
-        on_err: Callable[[bytes], None] | None, cwd: bool = True,
+        on_err: Callable[[bytes], None] | None, cwd: bool = True, agent_sock: str | None = None,
     ) -> int:
-        """Run ``cmd``; feed its stdout (and stderr, merged when on_err is None) to the callbacks."""
+        """Run ``cmd``; feed its stdout (and stderr, merged when on_err is None) to the callbacks.
+        ``agent_sock``: forward the SSH agent listening there to this one session (a relay's own ``ssh``)."""
         import paramiko
 
         full = self._wrap(cmd, cwd)
@@ -138,6 +141,8 @@ class SSHRunner(Runner):
         deadline = time.monotonic() + timeout if timeout else None
         feeder: threading.Thread | None = None
         try:
+            if agent_sock is not None:
+                chan.request_forward_agent(lambda ch: _forward_agent(ch, agent_sock))
             if on_err is None:
                 chan.set_combine_stderr(True)
             chan.exec_command(full)
@@ -153,7 +158,7 @@ class SSHRunner(Runner):
                     if wait <= 0:
                         raise RemoteError(f"{self.label}: command timed out after {timeout}s: {cmd[:120]}")
                     wait = min(wait, 1.0)
-                select.select([chan], [], [], wait)
+                _wait_readable([chan], wait)
                 while chan.recv_ready():
                     on_out(chan.recv(_READ))
                 while on_err is not None and chan.recv_stderr_ready():
@@ -213,6 +218,26 @@ class SSHRunner(Runner):
             on_line(bytes(buf).decode(errors="replace"))
         return rc
 
+    def relay(self, cmd: str, on_line: Callable[[str], None], *, stdin: bytes, agent_sock: str | None,
+              timeout: float | None = None) -> int:
+        """Run a relay (:mod:`gtrain.remote.tree`): ``stream`` with stdout only, and this machine's SSH agent
+        at ``agent_sock`` forwarded to the session so the relay's ``ssh`` can reach its share of the nodes."""
+        buf = bytearray()
+
+        def on_out(data: bytes) -> None:
+            buf.extend(data)
+            while (i := buf.find(b"\n")) >= 0:
+                line = bytes(buf[:i])
+                del buf[: i + 1]
+                on_line(line.decode(errors="replace"))
+
+        err: list[bytes] = []
+        rc = self._exec(cmd, stdin=stdin, timeout=timeout, on_out=on_out, on_err=err.append, cwd=False,
+                        agent_sock=agent_sock)
+        if buf:
+            on_line(bytes(buf).decode(errors="replace"))
+        return rc
+
     def start_detached(self, cmd: str, *, stdin: bytes | None = None) -> None:
         # setsid -f: own session, re-parented at once. Its stdout/stderr go to /dev/null so the channel sees
         # EOF at once (cmd redirects its own output). With stdin, `cat` copies the channel's stdin into a pipe
@@ -233,6 +258,7 @@ class SSHRunner(Runner):
         t = self._transport()
         try:
             chan = t.open_session(window_size=WINDOW_SIZE, max_packet_size=MAX_PACKET, timeout=self._opts.timeout_s)
+            _POOL.count_channel()
             chan.invoke_subsystem("sftp")
             return paramiko.SFTPClient(chan)
         except (paramiko.SSHException, EOFError, OSError) as e:
@@ -241,18 +267,24 @@ class SSHRunner(Runner):
     def _abs(self, path: str) -> str:
         return path if path.startswith("/") else posixpath.join(self.root, path)
 
-    def rsync_available(self) -> bool:
+    def rsync_available(self, mkdir: str | None = None) -> bool:
+        """Whether rsync is here and on the node (asked once); ``mkdir``: make that folder in the same round
+        trip (put_files needs both before its rsync)."""
         if self._use_rsync is False or shutil.which("rsync") is None:
-            return False
-        if self._remote_rsync is None:
-            self._remote_rsync = self.run("command -v rsync", check=False, timeout=60).rc == 0
+            return False  # sftp makes its folders itself
+        if self._remote_rsync is None or mkdir is not None:
+            pre = f"mkdir -p {shlex.quote(mkdir)} || exit 3; " if mkdir is not None else ""
+            rc = self.run(f"{pre}command -v rsync >/dev/null", check=False, timeout=60).rc
+            if rc == 3:
+                raise SyncError(f"{self.label}: cannot make {self.target.display}:{mkdir}")
+            self._remote_rsync = rc == 0
         return self._remote_rsync
 
     def put_files(self, local_root: Path, files: Sequence[str], remote_dir: str) -> int:
         if not files:
             return 0
         remote_dir = self._abs(remote_dir)
-        if self.rsync_available():
+        if self.rsync_available(mkdir=remote_dir):  # one session: rsync's check and the folder
             return self._put_rsync(Path(local_root), files, remote_dir)
         if self._use_rsync is True:
             raise SyncError(f"{self.label}: rsync is not available here or on {self.target.display}")
@@ -275,10 +307,11 @@ class SSHRunner(Runner):
         return f"ssh -F {shlex.quote(str(cfg))}"
 
     def _put_rsync(self, local_root: Path, files: Sequence[str], remote_dir: str) -> int:
-        self.run(f"mkdir -p {shlex.quote(remote_dir)}", timeout=60)
         ssh = self.rsync_ssh_command()
         argv = ["rsync", "-a", "--protect-args", "--itemize-changes", "--files-from=-", "-e", ssh, f"{local_root}/",
                 f"gtrain-node:{remote_dir}/"]
+        with _POOL._lock:
+            _POOL.external += 1
         p = subprocess.run(argv, check=False, input="\n".join(files).encode() + b"\n", capture_output=True)
         if p.returncode != 0:
             raise SyncError(f"{self.label}: rsync to {self.target.display}:{remote_dir} failed "
@@ -313,21 +346,19 @@ class SSHRunner(Runner):
         return moved
 
     def write_file(self, remote_path: str, data: bytes, mode: int = 0o644) -> None:
+        """One exec session (the bytes on its stdin): a round trip, where sftp's init, open, write, close and
+        rename were several. ``umask 077`` first, so the file is never world-readable before its chmod."""
         path = self._abs(remote_path)
-        sftp = self._sftp()
-        try:
-            parent = posixpath.dirname(path)
-            _sftp_makedirs(sftp, parent, set())
-            tmp = posixpath.join(parent, f".{posixpath.basename(path)}.gtrain-tmp")
-            with sftp.open(tmp, "wb") as f:
-                f.chmod(mode)  # before any byte lands: secrets are never world-readable
-                f.set_pipelined(True)
-                f.write(data)
-            sftp.posix_rename(tmp, path)
-        except OSError as e:
-            raise SyncError(f"{self.label}: cannot write {self.target.display}:{path}: {e}") from None
-        finally:
-            sftp.close()
+        parent = posixpath.dirname(path)
+        tmp = posixpath.join(parent, f".{posixpath.basename(path)}.gtrain-tmp")
+        q, qt = shlex.quote(path), shlex.quote(tmp)
+        cmd = (f"umask 077 && mkdir -p -- {shlex.quote(parent)} && cat > {qt} && chmod {mode & 0o7777:o} -- {qt} "
+               f"&& mv -f -- {qt} {q}")
+        rc, _, err = self._exec_collect(cmd, stdin=data if data else None, timeout=max(60.0, len(data) / 1e6),
+                                        cwd=False)
+        if rc != 0:
+            raise SyncError(f"{self.label}: cannot write {self.target.display}:{path}: "
+                            f"{err.decode(errors='replace').strip()[-500:]}")
 
     def fetch(self, remote_path: str, dest: BinaryIO, offset: int = 0,
               on_bytes: Callable[[int], None] | None = None) -> int:
@@ -373,6 +404,49 @@ class SSHRunner(Runner):
 
     def close(self) -> None:
         """The connection is pooled and shared; ``close_all()`` closes it. Nothing per runner to release."""
+
+
+def _wait_readable(objs: list[Any], timeout: float) -> list[Any]:
+    """Which of ``objs`` (sockets, paramiko channels) are readable within ``timeout`` seconds. poll, not
+    select: with 1,000 nodes' connections open, descriptors pass select's limit of 1,024."""
+    p = select.poll()
+    by_fd = {o.fileno(): o for o in objs}
+    for fd in by_fd:
+        p.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+    return [by_fd[fd] for fd, _ev in p.poll(max(0, int(timeout * 1000)))]
+
+
+def _forward_agent(chan: Any, agent_sock: str) -> None:
+    """The server opened an agent channel (a relay's ``ssh`` asks for a signature): pipe it to the local
+    agent's socket in a thread of its own until either side closes."""
+    import socket
+
+    def pump() -> None:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(agent_sock)
+            while True:
+                r = _wait_readable([s, chan], 30)
+                if chan in r:
+                    data = chan.recv(1 << 16)
+                    if not data:
+                        return
+                    s.sendall(data)
+                if s in r:
+                    data = s.recv(1 << 16)
+                    if not data:
+                        return
+                    chan.sendall(data)
+                if not r and chan.closed:
+                    return
+        except OSError:
+            return
+        finally:
+            s.close()
+            with contextlib.suppress(Exception):
+                chan.close()
+
+    threading.Thread(target=pump, daemon=True, name="gtrain-agent").start()
 
 
 def _send_all(chan: Any, data: bytes) -> None:
