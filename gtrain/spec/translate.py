@@ -29,7 +29,8 @@ def _known_fields(model: type[BaseModel], loc: tuple[Any, ...], top: type[BaseMo
     for part in loc[:-1]:
         if isinstance(part, int) or not (isinstance(cur, type) and issubclass(cur, BaseModel)):
             continue
-        f = cur.model_fields.get(str(part))
+        f = cur.model_fields.get(str(part)) or next(  # a field named by its alias (`lambda:`, a provider section)
+            (fi for fi in cur.model_fields.values() if fi.alias == str(part)), None)
         if f is None:
             return []
         cands = _models_in(f.annotation)
@@ -39,7 +40,7 @@ def _known_fields(model: type[BaseModel], loc: tuple[Any, ...], top: type[BaseMo
 
         return [k for k in cur.model_fields if k != "base_dir"] + _provider_choices()
     if isinstance(cur, type) and issubclass(cur, BaseModel):
-        return [k for k in cur.model_fields if k != "base_dir"]
+        return [fi.alias or k for k, fi in cur.model_fields.items() if k != "base_dir"]
     return []
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, field_validator
 
-from gtrain.providers.cloud.options import CloudOptions
+from gtrain.providers.cloud.options import CloudOptions, section_options
 
 __all__ = ["AWSOptions", "aws_options"]
 
@@ -50,16 +50,6 @@ class AWSOptions(CloudOptions):
         return v
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    aws: AWSOptions = Field(default_factory=lambda: AWSOptions())
-
-
 def aws_options(section: dict[str, Any] | None) -> AWSOptions:
     """Validate the spec's ``aws:`` section; a ConfigError names the field (``aws.ssh_cidr``)."""
-    from gtrain.spec import translate_validation_error
-
-    try:
-        return _Section.model_validate({"aws": section or {}}).aws
-    except ValidationError as e:
-        raise translate_validation_error(e, _Section) from None
+    return section_options("aws", AWSOptions, section)

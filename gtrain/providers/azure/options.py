@@ -6,9 +6,9 @@ import ipaddress
 import re
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, field_validator
 
-from gtrain.providers.cloud.options import CloudOptions
+from gtrain.providers.cloud.options import CloudOptions, section_options
 from gtrain.spec.data import has_control
 
 __all__ = ["DEFAULT_IMAGE", "AzureOptions", "azure_options"]
@@ -94,16 +94,6 @@ class AzureOptions(CloudOptions):
         return v
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    azure: AzureOptions = Field(default_factory=lambda: AzureOptions())
-
-
 def azure_options(section: dict[str, Any] | None) -> AzureOptions:
     """Validate the spec's ``azure:`` section; a ConfigError names the field (``azure.vnet_cidr``)."""
-    from gtrain.spec import translate_validation_error
-
-    try:
-        return _Section.model_validate({"azure": section or {}}).azure
-    except ValidationError as e:
-        raise translate_validation_error(e, _Section) from None
+    return section_options("azure", AzureOptions, section)

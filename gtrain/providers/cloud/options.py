@@ -3,10 +3,12 @@ it waits, and what a node runs once it has been idle."""
 
 from __future__ import annotations
 
+import functools
 import ipaddress
-from typing import ClassVar
+import re
+from typing import Any, ClassVar, TypeVar, cast
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
 from gtrain.spec.data import has_control
 
@@ -62,3 +64,37 @@ class CloudOptions(BaseModel):
         if any(not a or has_control(a) for a in v):
             raise ValueError("an argument is empty or holds a control character (newline, NUL, escape)")
         return v
+
+
+T = TypeVar("T", bound=BaseModel)
+
+
+@functools.cache
+def _section_model(name: str, model: type[BaseModel], required: bool) -> type[BaseModel]:
+    """``{NAME: model}`` with nothing else allowed: what a spec's provider section is validated as, so an error's
+    location reads ``NAME.field``."""
+    field = Field(..., alias=name) if required else Field(default_factory=model, alias=name)
+    out: type[BaseModel] = create_model(f"{model.__name__}Section", __config__=ConfigDict(extra="forbid"),
+                                        section=(model, field))
+    return out
+
+
+def section_options(name: str, model: type[T], section: dict[str, Any] | None, *, required: bool = False) -> T:
+    """Validate the spec's ``NAME:`` section as ``model``; a ConfigError names the field (``NAME.field``), exit 2.
+    ``required``: the model has fields with no default (an absent section is then an error naming them)."""
+    from gtrain.spec import translate_validation_error
+
+    wrapper = _section_model(name, model, required)
+    try:
+        got = wrapper.model_validate({name: section or {}})
+    except ValidationError as e:
+        raise translate_validation_error(e, wrapper) from None
+    return cast(T, got.section)  # type: ignore[attr-defined]
+
+
+def image_ref(v: str) -> str:
+    """A container image a provider's section names (``runpod.image``, ``vast.image``): registry/name:tag or
+    @digest, no control characters."""
+    if has_control(v) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/:@-]*", v):
+        raise ValueError("is not a container image reference (registry/name:tag or @digest)")
+    return v

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, field_validator
 
-from gtrain.providers.cloud.options import CloudOptions
+from gtrain.providers.cloud.options import CloudOptions, section_options
 from gtrain.providers.gcp import api
 
 __all__ = ["CONTAINER_IMAGE_FAMILIES", "DEFAULT_IMAGE_FAMILY", "DEFAULT_IMAGE_PROJECT", "GCPOptions", "gcp_options"]
@@ -63,16 +63,6 @@ class GCPOptions(CloudOptions):
         return v
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    gcp: GCPOptions = Field(default_factory=lambda: GCPOptions())
-
-
 def gcp_options(section: dict[str, Any] | None) -> GCPOptions:
     """Validate the spec's ``gcp:`` section; a ConfigError names the field (``gcp.ssh_cidr``)."""
-    from gtrain.spec import translate_validation_error
-
-    try:
-        return _Section.model_validate({"gcp": section or {}}).gcp
-    except ValidationError as e:
-        raise translate_validation_error(e, _Section) from None
+    return section_options("gcp", GCPOptions, section)

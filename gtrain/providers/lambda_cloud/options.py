@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, field_validator
 
-from gtrain.providers.cloud.options import CloudOptions
+from gtrain.providers.cloud.options import CloudOptions, section_options
 
 __all__ = ["LambdaOptions", "lambda_options"]
 
@@ -41,16 +41,6 @@ class LambdaOptions(CloudOptions):
         return v
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    lambda_: LambdaOptions = Field(default_factory=lambda: LambdaOptions(), alias="lambda")
-
-
 def lambda_options(section: dict[str, Any] | None) -> LambdaOptions:
     """Validate the spec's ``lambda:`` section; a ConfigError names the field (``lambda.ssh_user``)."""
-    from gtrain.spec import translate_validation_error
-
-    try:
-        return _Section.model_validate({"lambda": section or {}}).lambda_
-    except ValidationError as e:
-        raise translate_validation_error(e, _Section) from None
+    return section_options("lambda", LambdaOptions, section)

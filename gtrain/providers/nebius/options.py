@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, field_validator
 
-from gtrain.providers.cloud.options import CloudOptions
+from gtrain.providers.cloud.options import CloudOptions, section_options
 
 __all__ = ["NebiusOptions", "nebius_options"]
 
@@ -63,16 +63,6 @@ class NebiusOptions(CloudOptions):
         return v
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    nebius: NebiusOptions
-
-
 def nebius_options(section: dict[str, Any] | None) -> NebiusOptions:
     """Validate the spec's ``nebius:`` section; a ConfigError names the field (``nebius.subnet_id``)."""
-    from gtrain.spec import translate_validation_error
-
-    try:
-        return _Section.model_validate({"nebius": section or {}}).nebius
-    except ValidationError as e:
-        raise translate_validation_error(e, _Section) from None
+    return section_options("nebius", NebiusOptions, section, required=True)

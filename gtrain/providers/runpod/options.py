@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, field_validator
 
-from gtrain.providers.cloud.options import CloudOptions
-from gtrain.spec.data import has_control
+from gtrain.providers.cloud.options import CloudOptions, image_ref, section_options
 
 __all__ = ["DEFAULT_IMAGE", "RunPodOptions", "runpod_options"]
 
@@ -34,12 +32,7 @@ class RunPodOptions(CloudOptions):
     idle_command: list[str] = Field(default_factory=lambda: list(IDLE_COMMAND), min_length=1,
                                     description="what a pod runs to stop itself once policies.idle_minutes is up")
 
-    @field_validator("image")
-    @classmethod
-    def _image(cls, v: str) -> str:
-        if has_control(v) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/:@-]*", v):
-            raise ValueError("is not a container image reference (registry/name:tag or @digest)")
-        return v
+    _image = field_validator("image")(image_ref)
 
     @field_validator("ssh_cidr")
     @classmethod
@@ -50,16 +43,6 @@ class RunPodOptions(CloudOptions):
         return v
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    runpod: RunPodOptions = Field(default_factory=lambda: RunPodOptions())
-
-
 def runpod_options(section: dict[str, Any] | None) -> RunPodOptions:
     """Validate the spec's ``runpod:`` section; a ConfigError names the field (``runpod.cloud``)."""
-    from gtrain.spec import translate_validation_error
-
-    try:
-        return _Section.model_validate({"runpod": section or {}}).runpod
-    except ValidationError as e:
-        raise translate_validation_error(e, _Section) from None
+    return section_options("runpod", RunPodOptions, section)

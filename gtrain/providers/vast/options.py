@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, field_validator
 
-from gtrain.providers.cloud.options import CloudOptions
-from gtrain.spec.data import has_control
+from gtrain.providers.cloud.options import CloudOptions, image_ref, section_options
 
 __all__ = ["DEFAULT_IMAGE", "IDLE_COMMAND", "VastOptions", "vast_options"]
 
@@ -47,12 +45,7 @@ class VastOptions(CloudOptions):
                                     description="what an instance runs to stop itself once policies.idle_minutes "
                                                 "is up")
 
-    @field_validator("image")
-    @classmethod
-    def _image(cls, v: str) -> str:
-        if has_control(v) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/:@-]*", v):
-            raise ValueError("is not a container image reference (registry/name:tag or @digest)")
-        return v
+    _image = field_validator("image")(image_ref)
 
     @field_validator("ssh_cidr")
     @classmethod
@@ -63,16 +56,6 @@ class VastOptions(CloudOptions):
         return v
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    vast: VastOptions = Field(default_factory=lambda: VastOptions())
-
-
 def vast_options(section: dict[str, Any] | None) -> VastOptions:
     """Validate the spec's ``vast:`` section; a ConfigError names the field (``vast.min_reliability``)."""
-    from gtrain.spec import translate_validation_error
-
-    try:
-        return _Section.model_validate({"vast": section or {}}).vast
-    except ValidationError as e:
-        raise translate_validation_error(e, _Section) from None
+    return section_options("vast", VastOptions, section)
