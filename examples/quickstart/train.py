@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import time
 
@@ -65,6 +66,7 @@ def main() -> int:
           f"master {os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}, "
           f"job {os.environ.get('GTRAIN_JOB_ID')})", flush=True)
     t0 = time.time()
+    loss = torch.zeros(())
     for step in range(start, args.steps):
         x = torch.randn(args.batch, 16, generator=g).to(device)
         y = torch.sin(x @ w_true).unsqueeze(1) + 0.01 * torch.randn(args.batch, 1, generator=g).to(device)
@@ -90,6 +92,10 @@ def main() -> int:
     dist.barrier()
     if rank == 0:
         print(f"done: {args.steps - start} steps in {time.time() - t0:.2f}s on {world} ranks", flush=True)
+    # free DDP's buckets and gloo's pending work while the interpreter is whole: left to its finalization, a gloo
+    # thread's last tensors can abort the process after training is done (pytorch/pytorch#179291)
+    del ddp, opt, loss
+    gc.collect()
     dist.destroy_process_group()
     return 0
 
