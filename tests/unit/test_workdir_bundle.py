@@ -21,6 +21,18 @@ from gtrain.jobs import workdir as wd
 from gtrain.remote import nodebundle as nb
 
 
+def _serve(directory: str, token: str) -> dict[str, int]:
+    """node 0's server started as on a node: `python3 nodebundle.py serve ...` in a fresh process, which forks
+    the server off (forking pytest itself would carry its threads' held locks and sockets into the server)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, nb.__file__, "serve", directory, "127.0.0.1", token, "30"],
+                       capture_output=True, text=True, timeout=30, check=True, stdin=subprocess.DEVNULL)
+    got: dict[str, int] = json.loads(r.stdout)
+    return got
+
+
 def _tree(root: Path) -> list[str]:
     (root / "pkg").mkdir(parents=True)
     (root / "train.py").write_text("print('hi')\n")
@@ -55,7 +67,7 @@ def test_fetch_from_node0_server_verifies_unpacks_and_reuses(tmp_path: Path) -> 
     first = nb.fetch(json.dumps({"root": str(seed), "workdir": str(seed / "workdir"), "sha": b.sha256}))
     assert first["ok"] and first["cached"] and first["written"] == 2, first  # verified in place, unpacked
     token = "t" * 24
-    srv = nb.serve(str(seed / nb.BUNDLES), "127.0.0.1", token, "30")
+    srv = _serve(str(seed / nb.BUNDLES), token)
     try:
         url = f"http://127.0.0.1:{srv['port']}/{token}/{b.sha256}.tar"
         with pytest.raises(urllib.error.HTTPError):  # a wrong token is refused
@@ -88,7 +100,7 @@ def test_corrupt_bundle_is_refused_and_not_unpacked(tmp_path: Path) -> None:
     (seed / nb.BUNDLES / b.path.name).write_bytes(bytes(bad))
     (seed / nb.BUNDLES / f"{b.sha256}.ok").write_text("forged\n")  # the server's own check trusted it
     token = "k" * 24
-    srv = nb.serve(str(seed / nb.BUNDLES), "127.0.0.1", token, "30")
+    srv = _serve(str(seed / nb.BUNDLES), token)
     try:
         node = tmp_path / "node1"
         got = nb.fetch(json.dumps({"root": str(node), "workdir": str(node / "workdir"), "sha": b.sha256,
