@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-import gtrain.remote.nodebudget as nodebudget
+import gtrain.providers.aws.nodebudget as nodebudget
 from tests.fixtures.fake_aws_spot import FakeSpot, serve
 
 pytestmark = pytest.mark.usefixtures("moto_server")

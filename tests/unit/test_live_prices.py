@@ -1,5 +1,5 @@
 """The frozen price's record (gtrain.providers.cloud.billing: live vs estimate, the fallback and why, what `up`
-records) and the node's own budget watch (gtrain/remote/nodebudget.py: the arithmetic, SigV4 as botocore signs)."""
+records) and the node's own budget watch (aws/nodebudget.py: the arithmetic, SigV4 as botocore signs)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from gtrain.errors import ProviderError
+from gtrain.providers.aws import nodebudget
 from gtrain.providers.base import Plan
 from gtrain.providers.cloud.billing import (
     catalog_price,
@@ -20,7 +21,6 @@ from gtrain.providers.cloud.billing import (
     price_fields,
     price_label,
 )
-from gtrain.remote import nodebudget
 from gtrain.state import CostInterval, StateStore
 
 

@@ -8,7 +8,7 @@ which moto, the emulator every aws test runs on, does not serve, so gtrain does 
 code on the money path); ``gtrain catalog --refresh`` re-reads the same list prices from the bulk Price List.
 After the fact: spot read from the history over the node's own running interval; EC2 bills per second with a
 60-second minimum; the root EBS volume (gp3) is added by GB-hour at :data:`EBS_GP3_USD_PER_GB_MONTH`. And the
-nodes' own cost cap for spot (:func:`budget_watch_user_data`: gtrain/remote/nodebudget.py at boot, re-pricing
+nodes' own cost cap for spot (:func:`budget_watch_user_data`: gtrain/providers/aws/nodebudget.py at boot, re-pricing
 with the instance role). A part of :class:`gtrain.providers.aws.AWSProvider`."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ SPOT_IMPLAUSIBLE_FRACTION = 0.01
 #: why an on-demand node keeps the catalog's price (module docstring)
 ON_DEMAND_WHY = ("AWS's live on-demand list (the Price List Query API) is not read at launch: no emulator serves "
                  "it to test against; `gtrain catalog --refresh` re-prices the catalog from the same list")
-#: how often a spot node's own budget watch re-reads its spot price (gtrain/remote/nodebudget.py)
+#: how often a spot node's own budget watch re-reads its spot price (gtrain/providers/aws/nodebudget.py)
 BUDGET_CHECK_S = 60
 
 
@@ -148,7 +148,7 @@ def budget_watch_user_data(budget_usd: float, usd_per_hour: float, source: str, 
                            endpoint: str | None = None,
                            command: tuple[str, ...] = ("shutdown", "-h", "now")) -> str:
     """Shell lines for the node's cloud-init user data (after :func:`~gtrain.providers.aws.instances.
-    shutdown_user_data`'s) that start the node's own budget watch at boot: gtrain/remote/nodebudget.py, written
+    shutdown_user_data`'s) that start the node's own budget watch at boot: gtrain/providers/aws/nodebudget.py, written
     to ``root``, re-reads the spot price of its type and zone every ``interval_s`` with the instance role's
     credentials (the role needs ``ec2:DescribeSpotPriceHistory``; without a role the frozen price holds, as the
     fixed lifetime does) and runs ``command`` (power off = terminate) before this node's ``budget_usd`` (what is
@@ -160,14 +160,14 @@ def budget_watch_user_data(budget_usd: float, usd_per_hour: float, source: str, 
     import shlex
     from pathlib import Path
 
-    raw = (Path(__file__).resolve().parents[2] / "remote" / "nodebudget.py").read_bytes()
+    raw = Path(__file__).with_name("nodebudget.py").read_bytes()
     packed = base64.b64encode(gzip.compress(raw, mtime=0)).decode()
     script, state, log = f"{root}/nodebudget.py", f"{root}/budget.json", f"{root}/budget.log"
     args = ["--budget-usd", f"{budget_usd:.6f}", "--price", f"{usd_per_hour:g}", "--source", source,
             "--interval", f"{interval_s:g}", "--state", state, "--aws-region", region, "--aws-zone", zone,
             "--instance-type", itype, *(["--ec2-endpoint", endpoint] if endpoint else []), "--", *command]
     q = shlex.quote
-    return ("\n# gtrain: policies.max_cost_usd held by the node at its live spot price (gtrain/remote/nodebudget.py)\n"
+    return ("\n# gtrain: policies.max_cost_usd held by the node at its live spot price (aws/nodebudget.py)\n"
             f"mkdir -p {q(root)}\n"
             f"echo {packed} | base64 -d | gunzip > {q(script)}\n"
             f"nohup python3 {q(script)} {' '.join(map(q, args))} >>{q(log)} 2>&1 &\n")
