@@ -17,12 +17,12 @@ def attach(
                                help="The cluster's name (its gtrain:cluster-name tag / label, its Slurm folder)."),
     spec: str = typer.Argument(None, metavar="[SPEC]", help="The spec it was made from (how its nodes, login node or "
                                "namespace are reached); default: the one node 0 keeps."),
-    provider: str = typer.Option(..., "--provider", metavar="P", help="aws, gcp, runpod, vast, nebius, slurm or "
-                                  "kubernetes.",
+    provider: str = typer.Option(..., "--provider", metavar="P", help="The provider it runs on (one that can "
+                                  "find a cluster by its tags: docs/commands.md#gtrain-attach).",
                                   show_default=False),
-    region: list[str] = typer.Option(None, "--region", metavar="R", help="Where to look (aws: region, gcp: zone, "
-                                     "kubernetes: namespace, runpod: data center, vast: country, nebius: project "
-                                     "id); repeatable. Default: the spec's."),
+    region: list[str] = typer.Option(None, "--region", metavar="R", help="Where to look: the provider's region, "
+                                     "zone, namespace, data center, country or project (docs/commands.md#gtrain-"
+                                     "attach); repeatable. Default: the spec's."),
     num_nodes: int = typer.Option(None, "--num-nodes", metavar="N", help="Without a spec: how many nodes it has."),
     json_: bool = JSON,
 ) -> None:

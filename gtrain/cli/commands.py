@@ -5,11 +5,12 @@ A test checks each line here against the command's own docstring (its first para
 
 from __future__ import annotations
 
+from gtrain.registry import REGISTRY
+
 PROG = "gtrain"
 
 ROOT_HELP = ("Run PyTorch training on GPU machines gtrain rents, and leave nothing running that nobody watches. "
-             "Providers: local, ssh, aws, gcp, lambda, azure, slurm, kubernetes, ray, runpod, vast, nebius "
-             "(and plug-ins).")
+             f"Providers: {', '.join(REGISTRY)} (and plug-ins).")
 
 #: (name, module under gtrain.cli, help), in the order `gtrain --help` lists them
 COMMANDS: tuple[tuple[str, str, str], ...] = (

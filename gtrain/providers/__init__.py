@@ -64,6 +64,21 @@ def provider_class(name: str) -> type[Provider]:
     return klass
 
 
+def attach_providers() -> list[str]:
+    """The providers whose class can find a cluster by its tags (``gtrain attach``: it overrides
+    ``find_by_name``), for the message that names them; a provider whose module cannot be imported is left out."""
+    from gtrain.providers.base import Provider
+
+    out = []
+    for name in provider_names():
+        try:
+            if provider_class(name).find_by_name is not Provider.find_by_name:
+                out.append(name)
+        except ConfigError:
+            continue
+    return out
+
+
 def get_provider(name: str, store: StateStore, report: Reporter | None = None) -> Provider:
     from gtrain.events import SILENT
 

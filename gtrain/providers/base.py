@@ -206,10 +206,11 @@ class Provider(ABC):
     def find_by_name(self, spec: ClusterSpec, regions: list[str]) -> tuple[str, str | None] | None:
         """``gtrain attach``: (cluster id, region) of the live cluster named ``spec.name``, found by its
         resources' tags or labels; None when nothing of it runs. Default: this provider cannot attach."""
+        from gtrain.providers import attach_providers
+
         raise ConfigError(f"gtrain attach: provider {self.name} cannot rebuild a cluster from tags",
                           field="--provider",
-                          hint="attach knows aws, gcp, runpod, vast, nebius, slurm and kubernetes; `gtrain gc` lists "
-                               "what tags say")
+                          hint=f"attach knows {', '.join(attach_providers())}; `gtrain gc` lists what tags say")
 
     def adopt(self, spec: ClusterSpec, cluster: Cluster, plan: Plan, region: str | None) -> None:
         """``gtrain attach``: record the resources and the nodes (``store.put_node``) of ``cluster``, whose
