@@ -41,10 +41,24 @@ JOB = "import os, socket\nprint('hello from node', os.environ.get('GTRAIN_NODE_R
 COMMANDS = ("up", "launch --wait", "status", "logs", "down")
 
 
+def box_cpu() -> float:
+    """CPU-seconds this whole machine has been busy (user, nice, system, irq, softirq, steal: /proc/stat): its
+    delta over a command is the laptop's work plus every node's (sshd, shells, gtrain's node-side programs, the
+    job), which on one box share its cores."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0.0
+    return (v[0] + v[1] + v[2] + v[5] + v[6] + (v[7] if len(v) > 7 else 0)) / os.sysconf("SC_CLK_TCK")
+
+
 def _timed(argv: list[str], env: dict[str, str], stats: Path | None = None, timeout: float = 1800) -> dict[str, Any]:
-    """Run argv; wall, CPU of it and its reaped children (wait4), peak RSS (MiB), its SSH counters."""
+    """Run argv; wall, CPU of it and its reaped children (wait4), peak RSS (MiB), its SSH counters, and the
+    whole box's CPU over it (``box_cpu_s``: the nodes' share is that less ``cpu_s``)."""
     if stats is not None:
         stats.unlink(missing_ok=True)
+    box0 = box_cpu()
     t0 = time.perf_counter()
     p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     out = b""
@@ -58,6 +72,7 @@ def _timed(argv: list[str], env: dict[str, str], stats: Path | None = None, time
     p.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - t0
     res: dict[str, Any] = {"rc": p.returncode, "wall_s": round(wall, 3), "cpu_s": round(ru.ru_utime + ru.ru_stime, 3),
+                           "box_cpu_s": round(box_cpu() - box0, 2),
                            "peak_rss_mib": round(ru.ru_maxrss / 1024, 1)}
     if stats is not None and stats.exists():
         res["ssh"] = json.loads(stats.read_text())
@@ -69,6 +84,7 @@ def _timed(argv: list[str], env: dict[str, str], stats: Path | None = None, time
 def floor(hosts: list[tuple[str, int, str]], identity: str, known: Path) -> dict[str, Any]:
     """One ``ssh host python3 -c 'print(1)'`` per node, all at once (OpenSSH, no multiplexing)."""
     t0 = time.perf_counter()
+    box0 = box_cpu()
     before = os.times()
     procs = [subprocess.Popen(["ssh", "-i", identity, "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={known}",
                                "-o", "StrictHostKeyChecking=yes", "-o", "ControlMaster=no", "-p", str(port),
@@ -79,7 +95,8 @@ def floor(hosts: list[tuple[str, int, str]], identity: str, known: Path) -> dict
     wall = time.perf_counter() - t0
     after = os.times()
     cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
-    return {"wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "ok": ok, "n": len(hosts)}
+    return {"wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "box_cpu_s": round(box_cpu() - box0, 2), "ok": ok,
+            "n": len(hosts)}
 
 
 def _spec(tmp: Path, name: str, hosts: list[tuple[str, int, str]], identity: str, keys: dict[str, str],

@@ -157,6 +157,10 @@ class NodeEnded:
     #: the backend's own word for the end (``succeeded``, ``missing``, ``unreachable``, ``TIMEOUT``)
     detail: str = ""
     error: str | None = None
+    #: the node's whole status as the node itself said it at the end of its stream (the same document
+    #: :meth:`JobBackend.describe` would ask for), where the backend's stream carries one; a follower whose every
+    #: node ended this way decides the job's end on these instead of asking every node again
+    status: NodeJobStatus | None = None
 
 
 def aggregate(nodes: list[NodeJobStatus]) -> tuple[JobState, int | None]:

@@ -258,10 +258,9 @@ class NodeScriptBackend(JobBackend):
                 pull_all(job, [runners[i] for i in picked], rep)
 
             def prepare(i: int) -> None:
-                r, c = runners[i], ctxs[i]
-                r.run(f"mkdir -p {shlex.quote(c.workdir)} {shlex.quote(c.job_dir)}/logs")
-                for name, text in plan.files[i].items():
-                    r.write_file(f"{c.job_dir}/{name}", text.encode(), 0o700)
+                r, c = runners[i], ctxs[i]  # the folders and every node script in one command
+                r.write_files({f"{c.job_dir}/{name}": text.encode() for name, text in plan.files[i].items()},
+                              0o700, folders=[c.workdir, f"{c.job_dir}/logs"])
 
             parallel(prepare, picked)
             from gtrain.jobs.workdir import ship_workdir  # pushed below a few nodes, else one bundle pulled
@@ -417,10 +416,14 @@ class NodeScriptBackend(JobBackend):
                     yield LogLine(node, r_rank, text)
             elif kind == "end":
                 try:
-                    word = json.loads(payload).get("state")
+                    doc = json.loads(payload)
                 except ValueError:
-                    word = "unknown"
-                yield NodeEnded(node, JobState.parse(word), str(word))
+                    doc = None
+                doc = doc if isinstance(doc, dict) else None
+                word = doc.get("state") if doc is not None else "unknown"
+                # nodeside.follow's END carries its job_state document: the node's own word, as describe asks it
+                yield NodeEnded(node, JobState.parse(word), str(word),
+                                status=node_status(node, doc) if doc is not None else None)
             elif kind == "error":
                 yield NodeEnded(node, JobState.UNKNOWN, "unreachable", payload)
             elif kind == "done":

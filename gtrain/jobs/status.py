@@ -18,7 +18,7 @@ from gtrain.state import Job as JobRecord
 
 if TYPE_CHECKING:
     from gtrain.events import Reporter
-    from gtrain.jobs.backend import JobBackend
+    from gtrain.jobs.backend import JobBackend, JobDescription
     from gtrain.state import StateStore
 
 __all__ = ["CANCEL_EXIT", "Context", "active_job", "aggregate", "cancel_job", "job_exit_code", "refresh_job",
@@ -39,7 +39,8 @@ _DEAD = ("failed", "missing", "unreachable")
 _ALIVE = ("running", "pending", "starting", "setup")
 
 
-def refresh_job(cluster: Cluster, job: JobRecord, ctx: Context, *, act: bool = True) -> JobRecord:
+def refresh_job(cluster: Cluster, job: JobRecord, ctx: Context, *, act: bool = True,
+                desc: JobDescription | None = None) -> JobRecord:
     """Ask the backend where ``job`` is and store it. With ``act``, a job that died on some nodes is stopped
     on the others (fail-fast) and workers a dead launcher left behind are ended; without it (``status``),
     nothing is stopped: what would be is reported, and a node-script job's running nodes are read from node 0's
@@ -47,7 +48,9 @@ def refresh_job(cluster: Cluster, job: JobRecord, ctx: Context, *, act: bool = T
     if (job.status in TERMINAL_JOB and job.info.get("final")) or job.status == "recovering":
         return job  # a recovery in progress is its watcher's (gtrain.runs.recovery)
     backend = ctx.backend(cluster)
-    if act:
+    if desc is not None:  # every node's own word, just told (gtrain.runs.follow: each stream's end)
+        pass
+    elif act:
         desc = backend.describe(job)
     else:  # reading: node 0's heartbeat aggregate, one request, where the node scripts keep one
         from gtrain.jobs.nodescript import NodeScriptBackend

@@ -125,6 +125,12 @@ class LocalRunner(Runner):
         os.chmod(tmp, mode)
         os.replace(tmp, p)
 
+    def write_files(self, files: dict[str, bytes], mode: int = 0o644, folders: Sequence[str] = ()) -> None:
+        for d in folders:  # this machine's folders: in-process, as write_file
+            Path(d).mkdir(parents=True, exist_ok=True)
+        for path, data in files.items():
+            self.write_file(path, data, mode)
+
     def fetch(self, remote_path: str, dest: BinaryIO, offset: int = 0,
               on_bytes: Callable[[int], None] | None = None) -> int:
         n = 0

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from gtrain.jobs.backend import JobState, LogLine, NodeEnded
+from gtrain.jobs.backend import JobDescription, JobState, LogLine, NodeEnded, aggregate
 from gtrain.jobs.status import refresh_job
 from gtrain.state import TERMINAL_JOB, Cluster
 from gtrain.state import Job as JobRecord
@@ -118,7 +118,25 @@ def follow(cluster: Cluster, job: JobRecord, ctx: Context, on_line: Callable[[Lo
         t.join(timeout=0 if lost else 5)
     if lost:  # the caller acts on the provider's word; a refresh would try the lost node first
         return ctx.store.get_job(job.id)
-    return refresh_job(cluster, ctx.store.get_job(job.id), ctx) if follow else ctx.store.get_job(job.id)
+    if not follow:
+        return ctx.store.get_job(job.id)
+    return refresh_job(cluster, ctx.store.get_job(job.id), ctx, desc=_from_ends(job, ended, cluster.num_nodes, nodes))
+
+
+def _from_ends(job: JobRecord, ended: dict[int, NodeEnded], num_nodes: int,
+               nodes: list[int] | None) -> JobDescription | None:
+    """The job's end as every node's own stream said it at its end (its state document, where the backend's
+    stream carries one: the node scripts'), so the follower does not ask all N nodes again once they have told
+    it; None -- ask them -- when a node did not end that way (a subset followed, a stream that broke, a node
+    not over)."""
+    if nodes is not None:
+        return None
+    got = [ended[i].status if i in ended else None for i in range(num_nodes)]
+    statuses = [s for s in got if s is not None and s.state.terminal]
+    if len(statuses) != num_nodes:
+        return None
+    state, code = aggregate(statuses)
+    return JobDescription(job.id, state, code, statuses)
 
 
 def _idle_gpus(cluster: Cluster, job: JobRecord, ctx: Context) -> None:

@@ -1,0 +1,85 @@
+"""One command per node where there were several (docs/scale.md, "Fan-out that scales"): a node's folders and
+scripts written in one ``sh -s`` session (Runner.write_files), and a followed job's end taken from what every
+node's own stream said at its end (gtrain.runs.follow._from_ends) instead of asking every node again."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from gtrain.jobs.backend import JobState, NodeEnded
+from gtrain.jobs.nodescript import node_status
+from gtrain.remote.base import Runner
+from gtrain.remote.local import LocalRunner
+from gtrain.runs.follow import _from_ends
+from gtrain.state import Job as JobRecord
+
+
+class Counting(LocalRunner):
+    """A local runner that counts its commands and takes the base class's one-command write_files."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.commands: list[str] = []
+
+    def run(self, cmd, **kw):  # type: ignore[no-untyped-def]
+        self.commands.append(cmd)
+        return super().run(cmd, **kw)
+
+    write_files = Runner.write_files
+
+
+def test_write_files_is_one_command_and_writes_exactly(tmp_path):
+    r = Counting(str(tmp_path))
+    job = tmp_path / "jobs" / "j1"
+    tricky = "#!/bin/bash\necho \"$HOME\" '$x' `date` \\\\n\nEOF\n__GTRAIN_BEAT__\n"
+    files = {f"{job}/launch.sh": tricky.encode(), f"{job}/setup.sh": b"true\n",
+             f"{job}/sub/env.json": b'{"a": 1}\n'}
+    r.write_files(files, 0o700, folders=[str(tmp_path / "workdir"), f"{job}/logs"])
+    assert r.commands == ["exec sh -s"]  # one round trip for every folder and file
+    assert (job / "logs").is_dir() and (tmp_path / "workdir").is_dir()
+    for path, data in files.items():
+        assert Path(path).read_bytes() == data  # byte for byte: nothing expanded, no newline added
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o700
+    assert not [p for p in job.rglob("*gtrain-tmp*")]
+
+
+def test_write_files_falls_back_for_what_a_here_document_cannot_carry(tmp_path):
+    r = Counting(str(tmp_path))
+    files = {f"{tmp_path}/no-newline": b"last line without one", f"{tmp_path}/binary": bytes(range(256)),
+             f"{tmp_path}/text": b"ok\n"}
+    r.write_files(files, 0o600)
+    for path, data in files.items():
+        assert Path(path).read_bytes() == data
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert r.commands == ["exec sh -s"]  # the two others went through write_file (in-process here)
+
+
+def _job() -> JobRecord:
+    return JobRecord(id="j1", cluster_id="c1", status="running", exit_code=None, created_at=0.0, ended_at=None, info={})
+
+
+def _end(i: int, doc: dict | None) -> NodeEnded:
+    word = (doc or {}).get("state", "unknown")
+    return NodeEnded(i, JobState.parse(word), str(word), status=node_status(i, doc) if doc is not None else None)
+
+
+def test_the_end_is_every_nodes_own_last_word():
+    ok = {"state": "succeeded", "exit_code": 0, "ranks": {"0": [0, 1.0]}}
+    bad = {"state": "failed", "exit_code": 3, "ranks": {"1": [3, 2.0]}}
+    desc = _from_ends(_job(), {0: _end(0, ok), 1: _end(1, bad)}, 2, None)
+    assert desc is not None and desc.state is JobState.FAILED and desc.exit_code == 3
+    assert [n.detail for n in desc.nodes] == ["succeeded", "failed"]
+    both = _from_ends(_job(), {0: _end(0, ok), 1: _end(1, ok)}, 2, None)
+    assert both is not None and both.state is JobState.SUCCEEDED and both.exit_code == 0
+
+
+def test_the_nodes_are_asked_when_any_did_not_say_its_end():
+    ok = {"state": "succeeded", "exit_code": 0}
+    assert _from_ends(_job(), {0: _end(0, ok)}, 2, None) is None  # node 1's stream never ended
+    broken = NodeEnded(1, JobState.UNKNOWN, "unreachable", "connection lost")  # no document
+    assert _from_ends(_job(), {0: _end(0, ok), 1: broken}, 2, None) is None
+    running = _end(1, {"state": "running"})  # a stream cut before the end (not terminal)
+    assert _from_ends(_job(), {0: _end(0, ok), 1: running}, 2, None) is None
+    assert _from_ends(_job(), {0: _end(0, ok), 1: _end(1, ok)}, 2, [0, 1]) is None  # --node: a part followed
