@@ -144,7 +144,8 @@ def tracking_links(cluster: Cluster, job: Job) -> dict[str, str]:
     return links(job, run_key(cluster.name, job.run_id, job.run, job.checkpoint_dir))
 
 
-def read_beats(r: Runner, job_id: str, *, timeout: float = BEAT_READ_TIMEOUT_S) -> dict[str, Any] | None:
+def read_beats(r: Runner, job_id: str, *, timeout: float = BEAT_READ_TIMEOUT_S,
+               folder: str | None = None) -> dict[str, Any] | None:
     """Node 0's ``JOB/nodes.json`` (gtrain.remote.nodebeat.read: the document, node 0's clock, whether its
     aggregator runs) in one request over ``r`` (node 0's runner); None when node 0 did not answer. Read once
     per :data:`BEAT_READ_TTL_S` whoever asks."""
@@ -155,17 +156,18 @@ def read_beats(r: Runner, job_id: str, *, timeout: float = BEAT_READ_TIMEOUT_S) 
     from gtrain.remote import nodebeat
     from gtrain.remote.local import LocalRunner
 
-    key = (str(r.address), str(r.root), job_id)
+    folder = folder or job_dir(r, job_id)  # else the hosts' own beat (gtrain.providers.ssh.read_pulse)
+    key = (str(r.address), str(r.root), job_id or folder)
     with _beat_lock:
         got = _beat_reads.get(key)
         if got is not None and time.monotonic() - got[0] < BEAT_READ_TTL_S:
             return got[1]
     answer: dict[str, Any] | None
     if isinstance(r, LocalRunner):  # this machine's folders: read in-process, as LocalRunner.call does
-        answer = dict(nodebeat.read(job_dir(r, job_id)))
+        answer = dict(nodebeat.read(folder))
     else:
         try:
-            res = r.run_python(nodebeat_source(), ["read", job_dir(r, job_id)], timeout=timeout)
+            res = r.run_python(nodebeat_source(), ["read", folder], timeout=timeout)
             doc = json.loads(res.stdout)
             answer = doc if isinstance(doc, dict) else None
         except (GtrainError, OSError, ValueError):
@@ -185,6 +187,11 @@ def direct_reads() -> Iterator[None]:
         yield
     finally:
         _beat_direct.reset(token)
+
+
+def direct_only() -> bool:
+    """Whether this thread is inside :func:`direct_reads` (no relayed word may stand for a node)."""
+    return bool(_beat_direct.get())
 
 
 def forget_beats(job_id: str) -> None:

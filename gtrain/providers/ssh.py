@@ -248,13 +248,22 @@ class SSHProvider(Provider):
         if path_volumes(spec):  # host folders: every node checked (nothing made on a refusal), then linked
             _volumes(spec, runners, [f"node {i} ({t.display})" for i, t in enumerate(targets)],
                      [str(info["root"]) for info in infos])
-        for i, (t, info, entry) in enumerate(zip(targets, infos, entries, strict=True)):
+        rids = [self.store.record_resource(cluster.id, "remote-dir", f"{t.display}:{info['root']}")
+                for t, info in zip(targets, infos, strict=True)]
+
+        def make_root(i: int) -> None:  # its folders and marker in one command, every host at once
+            node_root = str(infos[i]["root"])
+            runners[i].write_files({f"{node_root}/{ROOT_MARKER}": f"{cluster.name}\n".encode()}, 0o600,
+                                   folders=[f"{node_root}/workdir", f"{node_root}/jobs"])
+            self.store.mark_resource(rids[i], "created")
+
+        parallel(make_root, list(range(len(targets))))
+        addresses = [entry.address or _reachable(info.get("ssh_server_addr"), t.host)
+                     for t, info, entry in zip(targets, infos, entries, strict=True)]
+        start_pulse(cluster, runners, [str(info["root"]) for info in infos], addresses, self.report)
+        for i, (t, info, _entry) in enumerate(zip(targets, infos, entries, strict=True)):
             node_root = str(info["root"])
-            rid = self.store.record_resource(cluster.id, "remote-dir", f"{t.display}:{node_root}")
-            runners[i].run(f"mkdir -p -m 700 {_q(node_root)}/workdir {_q(node_root)}/jobs")
-            runners[i].write_file(f"{node_root}/{ROOT_MARKER}", f"{cluster.name}\n".encode(), 0o600)
-            self.store.mark_resource(rid, "created")
-            address = entry.address or _reachable(info.get("ssh_server_addr"), t.host)
+            address = addresses[i]
             self.store.put_node(cluster.id, NodeRecord(
                 rank=i, status="up", address=address, instance_id=t.display, ssh=t, root=node_root,
                 python=section.python, extra={"hostname": info["hostname"], "gpus": info["gpus"],
@@ -284,14 +293,18 @@ class SSHProvider(Provider):
         return parallel(one, list(range(len(runners))))
 
     def _beating(self, cluster: Cluster, runners: list[Runner]) -> set[int]:
+        """The hosts node 0 heard within two beats: the job's beats while a job runs, else the hosts' own
+        (:func:`start_pulse`: an idle cluster's `status` asks node 0 alone)."""
         from gtrain.jobs.nodescript import beats
         from gtrain.remote.nodebeat import on_time, stale_s
         from gtrain.state import TERMINAL_JOB
 
-        job = self.store.latest_job(cluster.id)
-        if job is None or job.status in TERMINAL_JOB or len(runners) != cluster.num_nodes:
+        if len(runners) != cluster.num_nodes or not runners:
             return set()
-        got = beats(runners, job) or {}
+        job = self.store.latest_job(cluster.id)
+        got = beats(runners, job) if job is not None and job.status not in TERMINAL_JOB else None
+        if got is None:
+            got = read_pulse(cluster, runners) or {}
         return {i for i, b in got.items() if on_time(b) and float(b["age"]) <= stale_s()}
 
     def terminate(self, cluster: Cluster) -> None:
@@ -330,6 +343,46 @@ class SSHProvider(Provider):
 
     def price(self, cluster: Cluster, interval: CostInterval) -> IntervalCost:
         return IntervalCost(0.0, note="your own machines: no charge from gtrain")
+
+
+def start_pulse(cluster: Cluster, runners: list[Any], roots: list[str], addresses: list[str],
+                report: Any) -> None:
+    """Each host's own beat (gtrain.remote.nodebeat.pulse), job or no job: node 0 first (it picks a free UDP
+    port and gathers), then the others at once, each sending to node 0's cluster address. A host whose beat
+    does not start, or that node 0 never hears, is asked itself by `status`, as before (docs/scale.md)."""
+    import json
+
+    from gtrain.jobs.templating import nodebeat_source
+    from gtrain.remote.nodebeat import NODE_DIR
+
+    key, n, every = f"node:{cluster.id}", str(len(runners)), os.environ.get("GTRAIN_HEARTBEAT_S") or "5"
+
+    def one(i: int, port: str) -> dict[str, Any] | None:
+        try:
+            res = runners[i].run_python(nodebeat_source(), ["pulse", f"{roots[i]}/{NODE_DIR}", key, str(i), n,
+                                                            addresses[0], port, every], timeout=60)
+            got = json.loads(res.stdout)
+            return got if isinstance(got, dict) else None
+        except (GtrainError, ValueError) as e:
+            report.warn(f"node {i}: its heartbeat did not start ({getattr(e, 'message', e)}); `status` asks it "
+                        "directly")
+            return None
+
+    first = one(0, "0")
+    if first is not None and len(runners) > 1:
+        parallel(lambda i: one(i, str(first["port"])), list(range(1, len(runners))))
+
+
+def read_pulse(cluster: Cluster, runners: list[Any]) -> dict[int, dict[str, Any]] | None:
+    """Each host's word from node 0's gathering of the hosts' own beats (gtrain.remote.nodebeat.derive), in one
+    request to node 0; None: none to read (an older cluster, node 0 not answering, its gatherer gone)."""
+    from gtrain.jobs.nodescript import direct_only, read_beats
+    from gtrain.remote.nodebeat import NODE_DIR, derive, stale_s
+
+    if direct_only():  # a decision's read (gtrain.runs.recovery.observe): every host asked itself
+        return None
+    answer = read_beats(runners[0], "", folder=f"{runners[0].root}/{NODE_DIR}")
+    return derive(answer, job_id=f"node:{cluster.id}", num_nodes=len(runners), stale=stale_s())
 
 
 def split_host_port(key: str, default_port: int) -> tuple[str, int]:

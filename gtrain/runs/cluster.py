@@ -397,9 +397,13 @@ def status(ctx: Context, name: str | None = None, *, refresh: bool = True) -> li
         beat: dict[int, dict[str, Any]] | None = None
         if job is not None and name is not None and refresh and c.status == "up":
             from gtrain.jobs.status import refresh_job
+            from gtrain.state import TERMINAL_JOB
 
             beat = _beats(c, job, ctx)  # node 0's heartbeat aggregate: one request (docs/scale.md)
-            reading = _progress(c, job, ctx, beat is not None)  # its step and rate, beside the state read
+            # its step and rate, beside the state read: from node 0 (rank 0's metrics) while it beats, or once
+            # the job is over (nothing changes on the nodes then; every node asked only when node 0 cannot say)
+            over = job.status in TERMINAL_JOB and bool(job.info.get("final"))
+            reading = _progress(c, job, ctx, beat is not None or over)
             job = refresh_job(c, job, ctx, act=False)  # read-only: reports, never stops anything
         jobs = ctx.store.jobs(c.id) if name is not None else ([job] if job else [])
         live: dict[int, Any] = {}

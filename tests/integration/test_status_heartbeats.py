@@ -167,3 +167,67 @@ def test_over_ssh_status_is_two_requests_to_node_0_not_three_per_host(
     finally:
         monkeypatch.setattr(SSHRunner, "run", real_run)
         gtrain.down("hbs", yes=True)
+
+
+def _pulses(key: str) -> dict[int, int]:
+    """rank -> pid of every host's own beat of cluster ``key`` running on this machine (the netns hosts share its
+    process table): ``python3 - pulse FOLDER KEY RANK ...``."""
+    out: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"pulse" in argv and key.encode() in argv:
+            out[int(argv[argv.index(key.encode()) + 1])] = int(d.name)
+    return out
+
+
+def test_an_idle_cluster_s_status_asks_node_0_alone_and_down_ends_every_host_s_beat(
+        ssh_hosts: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No job, so no job heartbeats: each host's own beat (gtrain.remote.nodebeat.pulse, started by `up`) tells
+    node 0, and `status` is one command on node 0 whatever N. A host whose beat stopped is asked itself (and is
+    reachable); `down` leaves no beat running on any host."""
+    from gtrain.jobs import nodescript
+    from gtrain.remote import ssh as sshmod
+    from gtrain.remote.ssh.runner import SSHRunner
+
+    sshmod.close_all()
+    monkeypatch.setenv("GTRAIN_HEARTBEAT_S", "0.5")
+    hosts = [ssh_hosts[0], ssh_hosts[1], ssh_hosts[2]]
+    section = {"user": hosts[0].user, "identity_file": hosts[0].identity_file, "python": sys.executable,
+               "hosts": [f"{h.address}:{h.port}" for h in hosts],
+               "host_keys": {f"{h.address}:{h.port}": h.host_key_line for h in hosts}}
+    spec = tmp_path / "idle.yaml"
+    spec.write_text(json.dumps({"name": "idle", "provider": "ssh", "num_nodes": 3, "ssh": section}))
+    runs: list[str] = []
+    real_run = SSHRunner.run
+
+    def run(self: SSHRunner, cmd: str, **kw: Any) -> Any:
+        runs.append(self.address)
+        return real_run(self, cmd, **kw)
+
+    gtrain.up(spec)
+    key = f"node:{gtrain.status('idle', refresh=False)[0]['id']}"
+    try:
+        assert sorted(_pulses(key)) == [0, 1, 2]
+        monkeypatch.setattr(SSHRunner, "run", run)
+
+        def once() -> list[str]:
+            runs.clear()
+            nodescript._beat_reads.clear()
+            row = gtrain.status("idle")[0]
+            assert [n["status"] for n in row["nodes"]] == ["running"] * 3
+            return list(runs)
+
+        _until(lambda: once() == [hosts[0].address], timeout=15)  # node 0's gathering read, nothing else
+        os.kill(_pulses(key)[2], signal.SIGKILL)
+        # two beats and a second later node 2 is late: asked itself (`true`), reachable, still "running"
+        _until(lambda: hosts[2].address in once(), timeout=15)
+        assert once().count(hosts[1].address) == 0  # node 1 still beats: not asked
+    finally:
+        monkeypatch.setattr(SSHRunner, "run", real_run)
+        gtrain.down("idle", yes=True)
+    _until(lambda: not _pulses(key), timeout=10)  # the folder went with the root: every beat ended by itself

@@ -545,7 +545,86 @@ def _drain(srv: socket.socket, agg: Aggregate, most: int = 10000) -> None:
         agg.take(data, str(sender[0]))
 
 
-FUNCS = {"beat": beat, "read": read}
+# ---- a node's own beat, job or no job (docs/scale.md, "An idle cluster's status") ---------------------------
+
+#: the node's own beat's folder under the node's gtrain root (`down` removes it, and the beat ends with it)
+NODE_DIR = ".gtrain-beat"
+
+
+def pulse(folder: str, key: str, rank: str, num_nodes: str, addr: str, port: str, every: str) -> dict[str, object]:
+    """Start this node's own beat, detached, and answer ``{"port", "pid"}``: every ``every`` seconds one datagram
+    ``{"agent": "idle"}`` (key ``node:<cluster id>``) to node 0 at ``addr``:``port``; node 0 (rank 0, ``port``
+    0: a free one, answered) also gathers them into ``folder``/nodes.json as :func:`beat` does for a job. It
+    ends when ``folder`` is gone (`down`), when a newer pulse took ``folder``/beat.pid over, or on SIGTERM."""
+    me, n, period = int(rank), int(num_nodes), max(0.2, float(every))
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    info = socket.getaddrinfo(addr, int(port) or 1, 0, socket.SOCK_DGRAM)[0]
+    srv = None
+    if me == 0:
+        srv = socket.socket(info[0], socket.SOCK_DGRAM)
+        srv.bind(("::" if info[0] == socket.AF_INET6 else "", int(port)))
+        srv.setblocking(False)
+    prt = srv.getsockname()[1] if srv is not None else int(port)
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid:  # the caller: answer once the daemon is on its own
+        os.close(wfd)
+        child = int(os.read(rfd, 32).decode() or "0")
+        os.close(rfd)
+        os.waitpid(pid, 0)
+        return {"port": prt, "pid": child}
+    os.close(rfd)
+    os.setsid()
+    if os.fork():
+        os._exit(0)
+    pidfile = os.path.join(folder, PID_FILE)
+    with open(pidfile + ".tmp", "w", encoding="utf-8") as f:
+        f.write(str(os.getpid()))
+    os.replace(pidfile + ".tmp", pidfile)  # an older pulse sees it is not its own, and ends
+    os.write(wfd, str(os.getpid()).encode())
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    keep = {srv.fileno()} if srv is not None else set()
+    for fd in range(3, 1024):  # nothing of the caller's session stays open (its channel would wait)
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    signal.signal(signal.SIGTERM, lambda *_a: os._exit(0))
+    out = socket.socket(info[0], socket.SOCK_DGRAM)
+    target = (info[4][0], prt, *info[4][2:])
+    agg = Aggregate(key, n, period, prt) if srv is not None else None
+    seq, sent, wrote = 0, 0.0, 0.0
+    while (_read(pidfile) or "").strip() == str(os.getpid()):
+        now = time.time()
+        if now - sent >= period:
+            seq += 1
+            doc = {"v": VERSION, "job": key, "node": me, "seq": seq, "pid": os.getpid(), "t": round(now, 3),
+                   "agent": "idle", "state": "up"}
+            try:
+                out.sendto(json.dumps(doc, separators=(",", ":")).encode(), target)
+            except OSError:
+                pass
+            sent = now
+        if srv is not None and agg is not None:
+            _drain(srv, agg)
+            if time.time() - wrote >= WRITE_EVERY_S:
+                try:
+                    agg.write(folder)
+                except OSError:
+                    os._exit(0)  # the folder is gone: `down`
+                wrote = time.time()
+            import select
+
+            select.select([srv], [], [], max(0.01, min(0.5, sent + period - time.time())))
+        else:
+            time.sleep(max(0.01, min(0.5, sent + period - time.time())))
+    os._exit(0)
+
+
+FUNCS = {"beat": beat, "read": read, "pulse": pulse}
 
 if __name__ == "__main__":
     res = FUNCS[sys.argv[1]](*sys.argv[2:])  # type: ignore[operator]
