@@ -38,6 +38,9 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 JOB = "import os, socket\nprint('hello from node', os.environ.get('GTRAIN_NODE_RANK'), socket.gethostname())\n"
+#: the running job: each rank becomes `sleep` (a simulated 1,000 nodes share one box's memory: a sleeping
+#: Python per node would hold ~4 GB more; its launcher, launch.sh and the heartbeat sender stay as they are)
+SLEEPER = "import os\nos.execvp('sleep', ['sleep', '900'])\n"
 COMMANDS = ("up", "launch --wait", "status", "logs", "down")
 
 
@@ -100,15 +103,16 @@ def floor(hosts: list[tuple[str, int, str]], identity: str, known: Path) -> dict
 
 
 def _spec(tmp: Path, name: str, hosts: list[tuple[str, int, str]], identity: str, keys: dict[str, str],
-          python: str) -> Path:
+          python: str, run: str = "hello.py") -> Path:
     work = tmp / f"work-{name}"
     work.mkdir(exist_ok=True)
     (work / "hello.py").write_text(JOB)
+    (work / "sleeper.py").write_text(SLEEPER)
     section = {"user": hosts[0][2], "identity_file": identity, "python": python, "check_torch": False,
                "hosts": [f"{a}:{p}" for a, p, _u in hosts], "host_keys": keys}
-    job = {"workdir": str(work), "run": "hello.py", "launcher": "python", "nproc_per_node": 1,
+    job = {"workdir": str(work), "run": run, "launcher": "python", "nproc_per_node": 1,
            "env": {"OMP_NUM_THREADS": "1"}}
-    p = tmp / f"{name}.yaml"
+    p = tmp / f"{name}{'' if run == 'hello.py' else '-' + Path(run).stem}.yaml"
     p.write_text(json.dumps({"name": name, "provider": "ssh", "num_nodes": len(hosts), "ssh": section, "job": job}))
     return p
 
@@ -125,23 +129,59 @@ def run_commands(tmp: Path, name: str, hosts: list[tuple[str, int, str]], identi
     argvs = {"up": [*gt, "up", str(spec), "--yes"], "launch --wait": [*gt, "launch", str(spec), "--wait"],
              "status": [*gt, "status", name], "logs": [*gt, "logs", name, "--tail", "1"],
              "down": [*gt, "down", name, "--yes"]}
+    n = len(hosts)
+
+    def timed(cmd: str, argv: list[str]) -> dict[str, Any]:
+        out[cmd] = _timed(argv, env, stats, timeout)
+        if "ssh" in out[cmd]:
+            s = out[cmd]["ssh"]
+            out[cmd]["per_node"] = {"connects": round(s["connects"] / n, 2), "sessions": round(s["channels"] / n, 2),
+                                    "rsync_ssh": round(s.get("external", 0) / n, 2),
+                                    "relayed": round(s.get("relayed", 0) / n, 2)}
+        print(f"  N={n} {cmd}: {out[cmd]}", flush=True)
+        return out[cmd]
+
     try:
         for cmd in COMMANDS:
-            out[cmd] = _timed(argvs[cmd], env, stats, timeout)
-            n = len(hosts)
-            if "ssh" in out[cmd]:
-                s = out[cmd]["ssh"]
-                out[cmd]["per_node"] = {"connects": round(s["connects"] / n, 2),
-                                        "sessions": round(s["channels"] / n, 2),
-                                        "rsync_ssh": round(s.get("external", 0) / n, 2),
-                                        "relayed": round(s.get("relayed", 0) / n, 2)}
-            print(f"  N={n} {cmd}: {out[cmd]}", flush=True)
-            if out[cmd]["rc"] != 0 and cmd == "up":
-                break
+            if cmd == "down":
+                _running(tmp, name, hosts, identity, keys, python, env, timed)
+            timed(cmd, argvs[cmd])
+            if cmd == "up":
+                if out[cmd]["rc"] != 0:
+                    break
+                time.sleep(12)  # two beats: every host heard by node 0
+                timed("status (no job)", argvs["status"])
     finally:
         if out.get("down", {}).get("rc") != 0:
             subprocess.run([*gt, "down", name, "--yes"], env=env, capture_output=True, check=False)
     return out
+
+
+def _running(tmp: Path, name: str, hosts: list[tuple[str, int, str]], identity: str, keys: dict[str, str],
+             python: str, env: dict[str, str], timed: Any) -> None:
+    """`status` while a job sleeps on every node: launched without --wait, measured once node 0 has heard every
+    node's job heartbeat (read from node 0's JOB/nodes.json over one plain ssh), then cancelled."""
+    gt = [sys.executable, "-m", "gtrain"]
+    spec = _spec(tmp, name, hosts, identity, keys, python, run="sleeper.py")
+    got = subprocess.run([*gt, "launch", str(spec)], env=env, capture_output=True, text=True, check=False)
+    if got.returncode != 0:
+        print(f"  sleeper launch failed: {got.stdout[-800:]} {got.stderr[-800:]}", flush=True)
+        return
+    addr, port, user = hosts[0]
+    look = ("python3 -c 'import glob, json, sys\nfor p in glob.glob(sys.argv[1]):\n  d = json.load(open(p))\n"
+            "  print(sum(1 for v in d[\"nodes\"].values() if v.get(\"agent\") == \"alive\"))' "
+            f"'gtrain/{name}/jobs/*/nodes.json'")
+    deadline = time.monotonic() + 600
+    heard = 0
+    while time.monotonic() < deadline and heard < len(hosts):
+        time.sleep(5)
+        res = subprocess.run(["ssh", "-i", identity, "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+                              "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-p", str(port),
+                              "-l", user, addr, look], capture_output=True, text=True, check=False)
+        heard = max([int(x) for x in res.stdout.split()] or [0])
+    print(f"  N={len(hosts)}: node 0 hears {heard} running node(s)", flush=True)
+    timed("status (job running)", [*gt, "status", name])
+    subprocess.run([*gt, "cancel", name], env=env, capture_output=True, check=False)
 
 
 def netns_round(n: int, tmp: Path) -> dict[str, Any]:
@@ -217,27 +257,35 @@ def sim_round(n: int, tmp: Path) -> dict[str, Any]:
         subprocess.run(["ip", "link", "del", br_out], check=False, capture_output=True)
 
 
+#: the table's columns, in the order the commands ran: COMMANDS, with `status` of the cluster with no job yet
+#: (every host's own beat, gathered by node 0) and `status` while a job runs on every node (the job's heartbeats)
+ORDER = ("up", "status (no job)", "launch --wait", "status", "logs", "status (job running)", "down")
+
+
 def table(rounds: list[dict[str, Any]]) -> str:
-    rows = ["| N | hosts | floor wall / CPU | " + " | ".join(f"`{c}` wall / CPU / RSS" for c in COMMANDS) + " |",
-            "|---|---|---|" + "---|" * len(COMMANDS)]
+    """Wall / this machine's CPU (the CLI and its children) / the whole box's CPU (laptop and every node) / peak
+    RSS per command; then SSH connections, sessions and rsync's connections per node."""
+    rows = ["| N | hosts | floor wall / CPU / box | " + " | ".join(f"`{c}`" for c in ORDER) + " |",
+            "|---|---|---|" + "---|" * len(ORDER)]
     for r in rounds:
         cells = []
-        for c in COMMANDS:
+        for c in ORDER:
             m = r["commands"].get(c)
             cells.append("—" if m is None else
-                         f"{m['wall_s']:.2f} s / {m['cpu_s']:.2f} s / {m['peak_rss_mib']:.0f} MiB"
-                         + ("" if m["rc"] == 0 else f" (exit {m['rc']})"))
+                         f"{m['wall_s']:.2f} s / {m['cpu_s']:.2f} s / {m.get('box_cpu_s', 0):.1f} s / "
+                         f"{m['peak_rss_mib']:.0f} MiB" + ("" if m["rc"] == 0 else f" (exit {m['rc']})"))
         kind = "simulated" if "sim" in r["mode"] else r["mode"]
-        rows.append(f"| {r['n']} | {kind} | {r['floor']['wall_s']:.2f} s / {r['floor']['cpu_s']:.2f} s | "
+        f = r["floor"]
+        rows.append(f"| {r['n']} | {kind} | {f['wall_s']:.2f} s / {f['cpu_s']:.2f} s / {f.get('box_cpu_s', 0):.1f} s | "
                     + " | ".join(cells) + " |")
     rows.append("")
-    rows.append("| N | " + " | ".join(f"`{c}` connects / sessions / rsync per node" for c in COMMANDS) + " |")
-    rows.append("|---|" + "---|" * len(COMMANDS))
+    rows.append("| N | " + " | ".join(f"`{c}` connects / sessions / rsync per node" for c in ORDER) + " |")
+    rows.append("|---|" + "---|" * len(ORDER))
     for r in rounds:
         cells = []
-        for c in COMMANDS:
+        for c in ORDER:
             pn = r["commands"].get(c, {}).get("per_node")
-            cells.append("0 / 0 / 0" if pn is None else f"{pn['connects']} / {pn['sessions']} / {pn['rsync_ssh']}")
+            cells.append("—" if pn is None else f"{pn['connects']} / {pn['sessions']} / {pn['rsync_ssh']}")
         rows.append(f"| {r['n']}{' (sim)' if 'sim' in r['mode'] else ''} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 

@@ -318,10 +318,15 @@ class SSHProvider(Provider):
                 self.store.mark_resource(res.id, "deleted")
                 return
             try:
-                from gtrain.containers.runtime import cluster_cleanup_command  # job.image: by label
+                import shlex
 
-                runners[node.rank].run(cluster_cleanup_command(cluster.name), timeout=120, check=False)
-                runners[node.rank].call("remove_tree", str(node.root), timeout=120)
+                from gtrain.containers.runtime import cluster_cleanup_command  # job.image: by label
+                from gtrain.remote.base import nodeside_source
+
+                r = runners[node.rank]  # the containers, then gtrain's root: one command
+                r.run(f"{{ {cluster_cleanup_command(cluster.name)}; }} </dev/null >/dev/null 2>&1; "
+                      + shlex.join([r.python, "-", "remove_tree", str(node.root)]),
+                      stdin=nodeside_source().encode(), timeout=240)
                 self.store.mark_resource(res.id, "deleted")
             except GtrainError as e:
                 self.store.mark_resource(res.id, "unreachable")

@@ -268,7 +268,7 @@ def pull_manifest(root: str, under: str = "") -> dict[str, object]:
 
 
 ROOT_MARKER = ".gtrain-root"
-_ROOT_OWN = ("workdir", "jobs", "gtrain-sync.pyz", "gtrain-ckpt.pyz", "gtrain-record.json", ".gtrain-beat", ROOT_MARKER)
+_ROOT_OWN = ("workdir", "jobs", "gtrain-sync.pyz", "gtrain-ckpt.pyz", "gtrain-record.json", ".gtrain-node", ROOT_MARKER)
 
 def _never_root(path: str) -> bool:
     home = os.path.abspath(os.path.expanduser("~"))

@@ -548,7 +548,7 @@ def _drain(srv: socket.socket, agg: Aggregate, most: int = 10000) -> None:
 # ---- a node's own beat, job or no job (docs/scale.md, "An idle cluster's status") ---------------------------
 
 #: the node's own beat's folder under the node's gtrain root (`down` removes it, and the beat ends with it)
-NODE_DIR = ".gtrain-beat"
+NODE_DIR = ".gtrain-node/beat"
 
 
 def pulse(folder: str, key: str, rank: str, num_nodes: str, addr: str, port: str, every: str) -> dict[str, object]:
