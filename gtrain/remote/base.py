@@ -114,7 +114,7 @@ class Runner(ABC):
     def run_python(self, script: str, args: Sequence[str] = (), *, timeout: float | None = None,
                    check: bool = True) -> CommandResult:
         """Run a python script on the node, fed through stdin (nothing written to the node's disk)."""
-        cmd = " ".join([shlex.quote(self.python), "-c", shlex.quote(boot(self.root)), *map(shlex.quote, args)])
+        cmd = " ".join([shlex.quote(self.python), "-", *map(shlex.quote, args)])
         res = self.run(cmd, stdin=script.encode(), timeout=timeout, check=False)
         if check and res.rc != 0:
             raise RemoteCommandError(self.label, f"{self.python} - {' '.join(args)}", res.rc, res.stderr)
@@ -128,7 +128,7 @@ class Runner(ABC):
     def follow_command(self, job_dir: str, *, follow: bool, tail: int | None) -> tuple[str, bytes]:
         """The command (and its stdin) that streams a job's log lines on this node; see nodeside.follow."""
         args = ["follow", job_dir, "1" if follow else "0", str(-1 if tail is None else tail)]
-        cmd = " ".join([shlex.quote(self.python), "-u", "-c", shlex.quote(boot(self.root)), *map(shlex.quote, args)])
+        cmd = " ".join([shlex.quote(self.python), "-u", "-", *map(shlex.quote, args)])
         return cmd, nodeside_source().encode()
 
     def __enter__(self) -> Runner:
@@ -136,37 +136,6 @@ class Runner(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-#: where a node keeps the bytecode of gtrain's node-side programs, under its gtrain root (`down` removes it)
-PY_CACHE = ".gtrain-node/py"
-
-
-def boot(root: str) -> str:
-    """The ``python -c`` program that runs a node-side program given on stdin (as ``python -`` would: argv,
-    ``__main__``) from its bytecode kept in ``ROOT/.gtrain-node/py``, compiling and keeping it on first use:
-    compiling gtrain's 500-line node programs cost 14-23 ms a call, more than Python's own start (7 ms), and a
-    launch runs several per node (docs/scale.md). Keyed by the interpreter's cache tag and the source's CRC-32
-    and length; a cache that cannot be read or written is passed by (the program is compiled, as before)."""
-    cache = "" if root in ("", "/") else f"{root.rstrip('/')}/{PY_CACHE}"
-    return ("import sys, os, marshal, zlib, __main__\n"
-            "_b = sys.stdin.buffer.read()\n"
-            f"_d = {cache!r}\n"
-            "_p = _d and os.path.join(_d, '%s-%08x-%d' % (sys.implementation.cache_tag, zlib.crc32(_b), len(_b)))\n"
-            "try:\n"
-            "    with open(_p, 'rb') as _f:\n"
-            "        _c = marshal.load(_f)\n"
-            "except Exception:\n"
-            "    _c = compile(_b, '<gtrain>', 'exec')\n"
-            "    try:\n"
-            "        os.makedirs(_d, 0o700, exist_ok=True)\n"
-            "        with open(_p + '.%d' % os.getpid(), 'wb') as _f:\n"
-            "            marshal.dump(_c, _f)\n"
-            "        os.replace(_p + '.%d' % os.getpid(), _p)\n"
-            "    except Exception:\n"
-            "        pass\n"
-            "sys.argv[0] = '-'\n"
-            "exec(_c, __main__.__dict__)\n")
 
 
 def nodeside_source() -> str:
