@@ -221,11 +221,16 @@ class NodeScriptBackend(JobBackend):
     def __init__(self, provider: Any, cluster: Cluster) -> None:
         super().__init__(provider, cluster)
         self._runners: list[Runner] | None = None
+        self._runners_lock = threading.Lock()
 
     @property
     def runners(self) -> list[Runner]:
+        """The nodes' runners, made once: every follower thread asks at once (1,000 streams each made all 1,000
+        runners from the state, 35% of a 1,000-node `logs`' CPU and ~800 MB, until this lock)."""
         if self._runners is None:
-            self._runners = self.provider.runners(self.cluster)
+            with self._runners_lock:
+                if self._runners is None:
+                    self._runners = self.provider.runners(self.cluster)
         return self._runners
 
     # ---- plan and submit -------------------------------------------------------------------------

@@ -83,3 +83,29 @@ def test_the_nodes_are_asked_when_any_did_not_say_its_end():
     running = _end(1, {"state": "running"})  # a stream cut before the end (not terminal)
     assert _from_ends(_job(), {0: _end(0, ok), 1: running}, 2, None) is None
     assert _from_ends(_job(), {0: _end(0, ok), 1: _end(1, ok)}, 2, [0, 1]) is None  # --node: a part followed
+
+
+def test_the_nodes_runners_are_made_once_however_many_followers_ask_at_once():
+    """`logs` of 1,000 nodes starts a follower thread per node, each asking the backend for its runner at once:
+    each made all N runners from the state until the property took a lock (O(N^2): 35% of that command's CPU)."""
+    import threading
+    import time as _time
+
+    from gtrain.jobs.nodescript import NodeScriptBackend
+
+    made: list[int] = []
+
+    class Provider:
+        def runners(self, cluster):  # type: ignore[no-untyped-def]
+            made.append(1)
+            _time.sleep(0.05)  # reading the state: long enough for every thread to arrive meanwhile
+            return [f"runner {i}" for i in range(64)]
+
+    backend = NodeScriptBackend(Provider(), object())  # type: ignore[arg-type]
+    got: list[object] = []
+    threads = [threading.Thread(target=lambda: got.append(backend.runners[0])) for _ in range(64)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert made == [1] and got == ["runner 0"] * 64
