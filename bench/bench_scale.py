@@ -191,7 +191,8 @@ def _running(tmp: Path, name: str, hosts: list[tuple[str, int, str]], identity: 
         print(f"  sleeper launch failed: {got.stdout[-800:]} {got.stderr[-800:]}", flush=True)
         return
     addr, port, user = hosts[0]
-    look = ("python3 -c 'import glob, json, sys\nfor p in glob.glob(sys.argv[1]):\n  d = json.load(open(p))\n"
+    look = ("python3 -c 'import glob, json, os, sys\n"  # under $HOME: the simulated nodes' sessions start in /root
+            "for p in glob.glob(os.path.join(os.environ[\"HOME\"], sys.argv[1])):\n  d = json.load(open(p))\n"
             "  print(sum(1 for v in d[\"nodes\"].values() if v.get(\"agent\") == \"alive\"))' "
             f"'gtrain/{name}/jobs/*/nodes.json'")
     deadline = time.monotonic() + 600

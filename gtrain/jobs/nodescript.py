@@ -394,6 +394,22 @@ class NodeScriptBackend(JobBackend):
 
     # ---- output ----------------------------------------------------------------------------------
 
+    def ready_streams(self, nodes: list[int]) -> None:
+        """Each node's pooled SSH connection opened through the sliding window (gtrain.remote.fanout) before its
+        stream's thread asks for it: 1,000 follower threads connecting at once left 199 of 1,000 simulated nodes
+        unreached (handshakes timed out on a saturated box)."""
+        rs = [self.runners[i] for i in nodes if 0 <= i < len(self.runners)]
+        connect = [r for r in rs if hasattr(r, "connect")]
+
+        def one(r: Any) -> None:
+            try:
+                r.connect()
+            except GtrainError:
+                pass  # the stream says so, for its node
+
+        if len(connect) > 1:
+            parallel(one, connect)
+
     def log_iter(self, job: JobRecord, node: int, rank: int | None = None, *, follow: bool = False,
                  tail: int | None = None, since: int = 0) -> Iterator[LogLine | NodeEnded]:
         import json

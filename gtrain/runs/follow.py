@@ -51,6 +51,7 @@ def follow(cluster: Cluster, job: JobRecord, ctx: Context, on_line: Callable[[Lo
         finally:
             q.put(("done", i, None))
 
+    backend.ready_streams(picked)  # connections opened in the fan-out's window, not by N threads at once
     threads = [threading.Thread(target=pump, args=(i,), daemon=True, name=f"gtrain-follow-{i}") for i in picked]
     for t in threads:
         t.start()

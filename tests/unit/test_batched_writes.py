@@ -109,3 +109,38 @@ def test_the_nodes_runners_are_made_once_however_many_followers_ask_at_once():
     for t in threads:
         t.join()
     assert made == [1] and got == ["runner 0"] * 64
+
+
+def test_a_follower_opens_the_nodes_connections_in_the_window_before_its_streams(monkeypatch):
+    """`logs` of N nodes: the connections are opened through the fan-out's sliding window (at most
+    gtrain.remote.fanout's window at once), and a node that cannot be reached is left to its stream to report."""
+    import threading
+    import time as _time
+
+    from gtrain.errors import RemoteError
+    from gtrain.jobs.nodescript import NodeScriptBackend
+
+    live, most = [0], [0]
+    lock = threading.Lock()
+
+    class Runner:
+        def __init__(self, i: int) -> None:
+            self.i = i
+
+        def connect(self) -> None:
+            with lock:
+                live[0] += 1
+                most[0] = max(most[0], live[0])
+            _time.sleep(0.01)
+            with lock:
+                live[0] -= 1
+            if self.i == 3:
+                raise RemoteError("node 3: connection refused")
+
+    class Provider:
+        def runners(self, cluster):  # type: ignore[no-untyped-def]
+            return [Runner(i) for i in range(40)]
+
+    monkeypatch.setenv("GTRAIN_FANOUT_WINDOW", "8")
+    NodeScriptBackend(Provider(), object()).ready_streams(list(range(40)))  # type: ignore[arg-type]
+    assert 1 < most[0] <= 8
