@@ -270,11 +270,6 @@ class JobBackend(ABC):
     def cancel(self, job: JobRecord, nodes: list[int] | None = None, grace_s: float = 10) -> None:
         """Stop the job (on ``nodes`` only, when given) and everything it started; idempotent."""
 
-    def ready_streams(self, nodes: list[int]) -> None:  # noqa: B027 - optional hook
-        """Before :meth:`log_iter` is called for every one of ``nodes`` at once (a follower's threads): open what
-        the streams share, at a pace the machine can take. Never raises; a node it could not reach is the
-        stream's to report."""
-
     @property
     def num_nodes(self) -> int:
         return self.cluster.num_nodes

@@ -222,6 +222,10 @@ class NodeScriptBackend(JobBackend):
         super().__init__(provider, cluster)
         self._runners: list[Runner] | None = None
         self._runners_lock = threading.Lock()
+        from gtrain.remote.fanout import window_size
+
+        #: how many of this backend's log streams may be opening their node's connection at once
+        self._connect_slots = threading.BoundedSemaphore(window_size())
 
     @property
     def runners(self) -> list[Runner]:
@@ -394,22 +398,6 @@ class NodeScriptBackend(JobBackend):
 
     # ---- output ----------------------------------------------------------------------------------
 
-    def ready_streams(self, nodes: list[int]) -> None:
-        """Each node's pooled SSH connection opened through the sliding window (gtrain.remote.fanout) before its
-        stream's thread asks for it: 1,000 follower threads connecting at once left 199 of 1,000 simulated nodes
-        unreached (handshakes timed out on a saturated box)."""
-        rs = [self.runners[i] for i in nodes if 0 <= i < len(self.runners)]
-        connect = [r for r in rs if hasattr(r, "connect")]
-
-        def one(r: Any) -> None:
-            try:
-                r.connect()
-            except GtrainError:
-                pass  # the stream says so, for its node
-
-        if len(connect) > 1:
-            parallel(one, connect)
-
     def log_iter(self, job: JobRecord, node: int, rank: int | None = None, *, follow: bool = False,
                  tail: int | None = None, since: int = 0) -> Iterator[LogLine | NodeEnded]:
         import json
@@ -427,6 +415,9 @@ class NodeScriptBackend(JobBackend):
 
         def pump() -> None:
             try:
+                if hasattr(r, "connect"):  # every follower thread starts at once: connect within the fan-out's
+                    with self._connect_slots:  # window (1,000 at once left 199 of 1,000 nodes unreached)
+                        r.connect()
                 r.stream(cmd, on_raw, stdin=stdin)
             except GtrainError as e:
                 q.put(("error", e.message))

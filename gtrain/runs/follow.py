@@ -51,7 +51,6 @@ def follow(cluster: Cluster, job: JobRecord, ctx: Context, on_line: Callable[[Lo
         finally:
             q.put(("done", i, None))
 
-    backend.ready_streams(picked)  # connections opened in the fan-out's window, not by N threads at once
     threads = [threading.Thread(target=pump, args=(i,), daemon=True, name=f"gtrain-follow-{i}") for i in picked]
     for t in threads:
         t.start()
@@ -121,7 +120,8 @@ def follow(cluster: Cluster, job: JobRecord, ctx: Context, on_line: Callable[[Lo
         return ctx.store.get_job(job.id)
     if not follow:
         return ctx.store.get_job(job.id)
-    return refresh_job(cluster, ctx.store.get_job(job.id), ctx, desc=_from_ends(job, ended, cluster.num_nodes, nodes))
+    now = ctx.store.get_cluster_by_id(cluster.id)  # an elastic run's cluster may have grown while followed
+    return refresh_job(cluster, ctx.store.get_job(job.id), ctx, desc=_from_ends(job, ended, now.num_nodes, nodes))
 
 
 def _from_ends(job: JobRecord, ended: dict[int, NodeEnded], num_nodes: int,

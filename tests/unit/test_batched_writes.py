@@ -111,9 +111,10 @@ def test_the_nodes_runners_are_made_once_however_many_followers_ask_at_once():
     assert made == [1] and got == ["runner 0"] * 64
 
 
-def test_a_follower_opens_the_nodes_connections_in_the_window_before_its_streams(monkeypatch):
-    """`logs` of N nodes: the connections are opened through the fan-out's sliding window (at most
-    gtrain.remote.fanout's window at once), and a node that cannot be reached is left to its stream to report."""
+def test_a_followers_streams_connect_within_the_fan_out_window(monkeypatch):
+    """`logs` of N nodes starts a stream thread per node at once; each opens its node's connection within the
+    fan-out's window (at most GTRAIN_FANOUT_WINDOW at once), and a node that cannot be reached ends its own
+    stream as unreachable without holding the others back."""
     import threading
     import time as _time
 
@@ -124,6 +125,8 @@ def test_a_follower_opens_the_nodes_connections_in_the_window_before_its_streams
     lock = threading.Lock()
 
     class Runner:
+        root = "/r"
+
         def __init__(self, i: int) -> None:
             self.i = i
 
@@ -137,10 +140,30 @@ def test_a_follower_opens_the_nodes_connections_in_the_window_before_its_streams
             if self.i == 3:
                 raise RemoteError("node 3: connection refused")
 
+        def follow_command(self, job_dir, *, follow, tail):  # type: ignore[no-untyped-def]
+            return "follow", b""
+
+        def stream(self, cmd, on_line, *, stdin=None):  # type: ignore[no-untyped-def]
+            on_line('\x00END\t{"state": "succeeded", "exit_code": 0}')
+            return 0
+
     class Provider:
         def runners(self, cluster):  # type: ignore[no-untyped-def]
             return [Runner(i) for i in range(40)]
 
     monkeypatch.setenv("GTRAIN_FANOUT_WINDOW", "8")
-    NodeScriptBackend(Provider(), object()).ready_streams(list(range(40)))  # type: ignore[arg-type]
+    backend = NodeScriptBackend(Provider(), object())  # type: ignore[arg-type]
+    job = _job()
+    ends: dict[int, str] = {}
+
+    def one(i: int) -> None:
+        for item in backend.log_iter(job, i, follow=True):
+            ends[i] = item.detail  # type: ignore[union-attr]
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(40)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     assert 1 < most[0] <= 8
+    assert ends[3] == "unreachable" and all(ends[i] == "succeeded" for i in range(40) if i != 3)
